@@ -1,0 +1,42 @@
+"""Shared fixtures: one local Ray cluster per test session, gpu marker handling."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+os.environ.pop("RAY_ADDRESS", None)
+
+
+def pytest_collection_modifyitems(config, items):
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    no_gpu = pytest.mark.skipif(True, reason="needs a CUDA/ROCm device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(no_gpu)
+
+
+@pytest.fixture(scope="session")
+def ray_session(tmp_path_factory):
+    """The one Ray cluster of the test session (2 CPUs, as on the CI machine)."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+                 _temp_dir=None, configure_logging=False)
+    import ray.data
+
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture
+def tracking_uri(tmp_path):
+    return f"sqlite:///{tmp_path}/mlflow.db"

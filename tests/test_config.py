@@ -1,0 +1,66 @@
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import pytest
+
+from wxray.config import from_dict, load_config, to_dict
+from wxray.errors import ConfigError
+
+
+@dataclass
+class Inner:
+    keep_ratio: float = 0.25
+    split: tuple[int, int, int] = (2, 4, 2)
+    selection: Literal["random", "laplacian"] = "random"
+
+    def validate(self):
+        if not 0 < self.keep_ratio <= 1:
+            raise ConfigError(f"model.keep_ratio must be in (0, 1], got {self.keep_ratio}")
+
+
+@dataclass
+class Cfg:
+    model: Inner = field(default_factory=Inner)
+    variables: list[str] = field(default_factory=lambda: ["geopotential"])
+    start: str = ""
+    epochs: int = 1
+
+
+def test_defaults_yaml_then_overrides_in_order(tmp_path):
+    y = tmp_path / "c.yaml"
+    y.write_text("model:\n  keep_ratio: 0.5\nepochs: 3\n")
+    cfg = load_config(Cfg, ["--config", str(y), "model.keep_ratio=1", "variables=[a, b]", "start=2017-01-01"])
+    assert cfg.model.keep_ratio == 1.0 and isinstance(cfg.model.keep_ratio, float)
+    assert cfg.epochs == 3
+    assert cfg.variables == ["a", "b"]
+    assert cfg.start == "2017-01-01"  # a date-looking string stays a string
+    assert cfg.model.split == (2, 4, 2)
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["model.nope=1"], "unknown config key 'model.nope'"),
+    (["nope=1"], "unknown config key 'nope'"),
+    (["epochs=abc"], "'epochs' expects int"),
+    (["epochs=1.5"], "'epochs' expects int"),
+    (["model.split=[1,2]"], "'model.split' expects 3 values"),
+    (["model.selection=topk"], "'model.selection' expects one of"),
+    (["model.keep_ratio=0"], "model.keep_ratio must be in (0, 1]"),
+    (["model=3"], "'model' is a section"),
+    (["epochs"], "not of the form key=value"),
+    (["--config", "/nonexistent.yaml"], "does not exist"),
+    (["--verbose"], "unknown option '--verbose'"),
+])
+def test_bad_config_is_one_line_error_naming_the_key(argv, needle):
+    with pytest.raises(ConfigError) as e:
+        load_config(Cfg, argv)
+    assert needle in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_dict_round_trip_for_ray_boundary():
+    cfg = load_config(Cfg, ["model.split=[1,6,1]"])
+    d = to_dict(cfg)
+    assert d["model"]["split"] == [1, 6, 1]
+    assert from_dict(Cfg, d) == cfg

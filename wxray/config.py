@@ -1,0 +1,219 @@
+"""Typed job configs: defaults in code (dataclasses), YAML overrides, dotted CLI overrides.
+
+    python jobs/train_sparse.py --config configs/train_sparse.yaml model.keep_ratio=0.5 train.epochs=3
+
+Every key and value is checked against the dataclass before any work starts: an unknown key or a
+value of the wrong type is a one-line `ConfigError` naming the key. A config class may define
+`validate(self)` for checks across keys; it is called on every nested config after loading.
+Configs become plain dicts only at the Ray boundary (`to_dict`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal, TypeVar, get_args, get_origin
+
+import yaml
+
+from wxray.errors import ConfigError
+
+T = TypeVar("T")
+
+
+def _type_name(tp: Any) -> str:
+    if get_origin(tp) is Literal:
+        return "one of " + ", ".join(repr(a) for a in get_args(tp))
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    """Return `value` converted to `tp`, or raise ConfigError naming `key`."""
+    origin = get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        errors = []
+        for arm in get_args(tp):
+            if arm is type(None):
+                if value is None:
+                    return None
+                continue
+            try:
+                return _coerce(value, arm, key)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(f"config key '{key}' expects {_type_name(tp)}, got {value!r}")
+    if origin is Literal:
+        if value in get_args(tp):
+            return value
+        raise ConfigError(f"config key '{key}' expects {_type_name(tp)}, got {value!r}")
+    if dataclasses.is_dataclass(tp):
+        if isinstance(value, tp):
+            return value
+        if not isinstance(value, dict):
+            raise ConfigError(f"config key '{key}' is a section; expected a mapping, got {value!r}")
+        return _build(tp, value, key)
+    if origin in (list, tuple):
+        if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
+            raise ConfigError(f"config key '{key}' expects a list, got {value!r}")
+        args = get_args(tp)
+        if origin is tuple and args and args[-1] is not Ellipsis:
+            if len(args) != len(value):
+                raise ConfigError(f"config key '{key}' expects {len(args)} values, got {list(value)!r}")
+            return tuple(_coerce(v, a, f"{key}[{i}]") for i, (v, a) in enumerate(zip(value, args)))
+        item = args[0] if args else Any
+        items = [_coerce(v, item, f"{key}[{i}]") for i, v in enumerate(value)]
+        return tuple(items) if origin is tuple else items
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"config key '{key}' expects a mapping, got {value!r}")
+        return dict(value)
+    if tp is Any:
+        return value
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+    elif tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif tp is str:
+        if isinstance(value, str):
+            return value
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)  # e.g. `run_name=2024` parsed by YAML as an int
+    elif isinstance(value, tp):
+        return value
+    raise ConfigError(f"config key '{key}' expects {_type_name(tp)}, got {value!r}")
+
+
+def _build(cls: type[T], values: dict[str, Any], prefix: str = "") -> T:
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    kwargs = {}
+    for k, v in values.items():
+        key = f"{prefix}.{k}" if prefix else str(k)
+        if k not in fields:
+            where = f"under '{prefix}'" if prefix else "at top level"
+            raise ConfigError(f"unknown config key '{key}' (known keys {where}: {', '.join(fields)})")
+        kwargs[k] = _coerce(v, hints[k], key)
+    return cls(**kwargs)
+
+
+def _deep_merge(base: dict, update: dict) -> dict:
+    out = dict(base)
+    for k, v in update.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = _deep_merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    """Plain nested dict (tuples become lists) for YAML, MLflow params and the Ray boundary."""
+
+    def plain(v: Any) -> Any:
+        if dataclasses.is_dataclass(v):
+            return {f.name: plain(getattr(v, f.name)) for f in dataclasses.fields(v)}
+        if isinstance(v, (list, tuple)):
+            return [plain(x) for x in v]
+        if isinstance(v, dict):
+            return {k: plain(x) for k, x in v.items()}
+        return v
+
+    return plain(cfg)
+
+
+def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}.{k}" if prefix else k
+        if isinstance(v, dict):
+            out.update(flatten(v, key))
+        else:
+            out[key] = v
+    return out
+
+
+def from_dict(cls: type[T], values: dict[str, Any]) -> T:
+    """Inverse of `to_dict` (used on Ray workers): same checks as loading from YAML."""
+    cfg = _build(cls, values)
+    _validate(cfg)
+    return cfg
+
+
+def _validate(cfg: Any) -> None:
+    for f in dataclasses.fields(cfg):
+        v = getattr(cfg, f.name)
+        if dataclasses.is_dataclass(v):
+            _validate(v)
+    if hasattr(cfg, "validate"):
+        cfg.validate()
+
+
+def parse_override(token: str) -> dict[str, Any]:
+    if "=" not in token or token.startswith("="):
+        raise ConfigError(f"override '{token}' is not of the form key=value (e.g. train.epochs=3)")
+    key, raw = token.split("=", 1)
+    try:
+        value = yaml.safe_load(raw) if raw != "" else ""
+    except yaml.YAMLError:
+        value = raw
+    # "2017-01-01" must stay a string: YAML would make it a date.
+    if not isinstance(value, (str, int, float, bool, list, dict, type(None))):
+        value = raw
+    nested: dict[str, Any] = {}
+    cur = nested
+    parts = key.strip().split(".")
+    for p in parts[:-1]:
+        cur = cur.setdefault(p, {})
+    cur[parts[-1]] = value
+    return nested
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file {p} does not exist")
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as e:
+        line = getattr(getattr(e, "problem_mark", None), "line", None)
+        raise ConfigError(f"config file {p} is not valid YAML" + (f" (line {line + 1})" if line is not None else ""))
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {p} must hold a mapping of keys, got {type(data).__name__}")
+    return data
+
+
+def load_config(cls: type[T], argv: list[str] | None = None) -> T:
+    """Defaults of `cls`, then `--config FILE` (YAML), then `key=value` overrides in order."""
+    argv = list(argv or [])
+    values: dict[str, Any] = {}
+    overrides: list[str] = []
+    i = 0
+    while i < len(argv):
+        tok = argv[i]
+        if tok in ("--config", "-c"):
+            if i + 1 >= len(argv):
+                raise ConfigError("--config needs a file path")
+            values = _deep_merge(values, load_yaml(argv[i + 1]))
+            i += 2
+            continue
+        if tok.startswith("--config="):
+            values = _deep_merge(values, load_yaml(tok.split("=", 1)[1]))
+        elif tok.startswith("-"):
+            raise ConfigError(f"unknown option '{tok}' (use --config FILE and key=value overrides)")
+        else:
+            overrides.append(tok)
+        i += 1
+    for tok in overrides:
+        values = _deep_merge(values, parse_override(tok))
+    return from_dict(cls, values)
+
+
+def dump_yaml(cfg: Any) -> str:
+    return yaml.safe_dump(to_dict(cfg), sort_keys=False)

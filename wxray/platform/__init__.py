@@ -1,0 +1,1 @@
+"""The Ray layer: datasets, trainer loop, ensemble actors, tracking, accelerators, job plumbing."""
