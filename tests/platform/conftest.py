@@ -1,0 +1,48 @@
+"""A tiny store written directly with xarray (independent of wxray.data's writer)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+import xarray as xr
+
+VARS = ("geopotential", "temperature")
+
+
+def write_tiny_store(path, n_traj=3, steps=12, grid=(8, 16), levels=(500, 850), seed=0, with_const=True):
+    rng = np.random.default_rng(seed)
+    n = n_traj * steps
+    time = pd.date_range("2000-01-01", periods=n, freq="6h")
+    lat = np.linspace(-78.75, 78.75, grid[0])
+    lon = np.arange(grid[1]) * 360.0 / grid[1]
+    data = {}
+    for i, v in enumerate(VARS):
+        base = 1000.0 * (i + 1)
+        walk = np.cumsum(rng.normal(size=(n, len(levels), *grid)), axis=0).astype(np.float32)
+        data[v] = (("time", "level", "latitude", "longitude"), base + walk)
+    if with_const:
+        data["land_sea_mask"] = (("latitude", "longitude"), (rng.random(grid) > 0.5).astype(np.float32))
+    ds = xr.Dataset(data, coords={"time": time, "level": list(levels), "latitude": lat, "longitude": lon,
+                                  "trajectory": ("time", np.repeat(np.arange(n_traj), steps))})
+    ds.chunk({"time": 1}).to_zarr(path, zarr_format=3, consolidated=False, mode="w")
+    dyn = ds[list(VARS)]
+    diff = dyn.diff("time").where(xr.DataArray(np.diff(ds.trajectory.values) == 0, dims="time",
+                                               coords={"time": ds.time[1:]}))
+    stats = {
+        "mean": ds.mean(("time", "latitude", "longitude")),
+        "std": ds.std(("time", "latitude", "longitude")),
+        "diff_mean": diff.mean(("time", "latitude", "longitude")),
+        "diff_std": diff.std(("time", "latitude", "longitude")),
+    }
+    for name, s in stats.items():
+        s.drop_vars("trajectory", errors="ignore").to_zarr(path, group=f"stats/{name}", zarr_format=3,
+                                                           consolidated=False, mode="w")
+    return ds
+
+
+@pytest.fixture
+def tiny_store(tmp_path):
+    path = tmp_path / "tiny.zarr"
+    ds = write_tiny_store(path)
+    return path, ds

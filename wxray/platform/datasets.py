@@ -1,0 +1,121 @@
+"""Ray Datasets of training windows, read lazily from a zarr store in parallel read tasks.
+
+Each split is a Ray Dataset of window anchors (a few bytes each, shuffled once with the config's seed)
+followed by a `map_batches` read task that opens the store and reads, stacks and normalises the windows
+(`windows.WindowReader`). Train workers take their share with `ray.train.get_dataset_shard(split)`.
+
+Sharding guarantee (tested in tests/platform/test_datasets.py): Ray Train's default `DataConfig` splits
+with `streaming_split(equal=True)`, which *drops* up to world_size-1 rows per epoch to equalise shards.
+`ExactlyOnceDataConfig` splits with `equal=False` instead, so within one epoch every valid window goes to
+exactly one worker: none is seen twice and none is skipped. Shards may then differ by a batch; the training
+loop keeps the workers' collectives in lockstep by padding the shorter shard with zero-weight batches
+(`trainer_loop.lockstep_batches`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from wxray.data.schema import open_stats, open_store
+from wxray.errors import ConfigError
+from wxray.platform.windows import SPLITS, WindowConfig, WindowReader, WindowSpec, make_spec, split_anchors
+from wxray.platform.windows import valid_anchors as _valid_anchors
+
+DEFAULT_SAMPLE_STORE = "data/sample_32x64.zarr"
+
+
+@dataclass
+class DataConfig(WindowConfig):
+    store: str = DEFAULT_SAMPLE_STORE
+    generate_sample: bool = True  # make the shallow-water sample store when `store` is missing
+    sample_grid: tuple[int, int] = (32, 64)
+    sample_days: int = 25
+    sample_trajectories: int = 4
+    sample_seed: int = 0
+    batch_size: int = 8
+    read_batch_size: int = 4  # windows per read task call
+    read_cpus: float = 0.25  # CPU share of one read task; small so reads run beside Train workers
+    shuffle_seed: int = 0
+
+    def validate(self) -> None:
+        super().validate()
+        if self.batch_size < 1 or self.read_batch_size < 1:
+            raise ConfigError("data.batch_size and data.read_batch_size must be >= 1")
+
+
+@dataclass
+class WindowData:
+    spec: WindowSpec
+    anchors: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def counts(self) -> dict[str, int]:
+        return {s: int(len(a)) for s, a in self.anchors.items()}
+
+
+def prepare_windows(cfg: DataConfig) -> WindowData:
+    """Open (or generate) the store, index and split its windows. Runs on the driver, no Ray needed."""
+    store = Path(cfg.store)
+    if not store.exists() and cfg.generate_sample:
+        from wxray.data.sample import ensure_sample_store
+
+        ensure_sample_store(store, grid=tuple(cfg.sample_grid), days=cfg.sample_days,
+                            trajectories=cfg.sample_trajectories, seed=cfg.sample_seed)
+    ds = open_store(store)
+    spec = make_spec(str(store.resolve()), ds, open_stats(store), cfg)
+    anchors = _valid_anchors(ds, cfg.history, cfg.lead_steps)
+    splits = split_anchors(ds, anchors, cfg)
+    rng = np.random.default_rng(cfg.shuffle_seed)
+    splits["train"] = rng.permutation(splits["train"])
+    return WindowData(spec=spec, anchors=splits)
+
+
+def _read_windows(batch: dict[str, np.ndarray], spec: WindowSpec) -> dict[str, np.ndarray]:
+    return WindowReader(spec)(batch)  # the store itself is opened once per process (windows.open_lazy)
+
+
+def window_dataset(spec: WindowSpec, anchors: np.ndarray, read_batch_size: int = 4,
+                   read_cpus: float = 0.25, num_blocks: int | None = None) -> Any:
+    """A Ray Dataset yielding {"x", "y", "anchor"} rows for the given windows, in the given order."""
+    import ray.data
+
+    items = [{"anchor": int(a)} for a in anchors]
+    n_blocks = num_blocks or max(1, min(len(items), 8 * max(1, len(items) // 64 + 1)))
+    ds = ray.data.from_items(items, override_num_blocks=max(1, min(n_blocks, len(items) or 1)))
+    return ds.map_batches(_read_windows, fn_kwargs={"spec": spec}, batch_size=read_batch_size,
+                          batch_format="numpy", num_cpus=read_cpus)
+
+
+def build_datasets(cfg: DataConfig, data: WindowData | None = None) -> tuple[dict[str, Any], WindowData]:
+    """Ray Datasets for every non-empty split, plus the window index they were built from."""
+    data = data or prepare_windows(cfg)
+    datasets = {s: window_dataset(data.spec, data.anchors[s], cfg.read_batch_size, cfg.read_cpus)
+                for s in SPLITS if len(data.anchors[s])}
+    return datasets, data
+
+
+def exactly_once_data_config(datasets_to_split: list[str] | str = "all"):
+    """A Ray Train DataConfig whose shards together hold every row exactly once per epoch."""
+    import copy
+
+    from ray.train import DataConfig as RayDataConfig
+
+    class ExactlyOnceDataConfig(RayDataConfig):
+        def configure(self, datasets, world_size, worker_handles, worker_node_ids, **kwargs):
+            output = [{} for _ in range(world_size)]
+            names = set(datasets) if self._datasets_to_split == "all" else set(self._datasets_to_split)
+            for name, ds in datasets.items():
+                ds = ds.copy(ds)
+                ds.context.execution_options = copy.deepcopy(self._resolve_execution_options(name))
+                if name in names:
+                    for i, split in enumerate(ds.streaming_split(world_size, equal=False)):
+                        output[i][name] = split
+                else:
+                    for i in range(world_size):
+                        output[i][name] = ds.iterator()
+            return output
+
+    return ExactlyOnceDataConfig(datasets_to_split=datasets_to_split)

@@ -1,0 +1,259 @@
+"""Training windows over a gridded store: which (history, target) windows are valid, how they split,
+and how one batch of them is read and normalised. No Ray here: the Ray Data layer (`datasets.py`) and
+the single-process benchmark loop call the same reader.
+
+A window is named by its *anchor*, the index of its last input step t. Inputs are steps
+t-H+1 .. t, the target is step t+lead. A window is valid when all those steps are exactly one native
+time step apart (no gaps), lie in one ``trajectory`` (when the store has that coordinate), and all lie
+in one split's time range, so no window leaks across train/val/test.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+import xarray as xr
+
+from wxray.data.schema import LAT, LEVEL, LON, TIME, TRAJECTORY, Channel, Stats, channels, time_step
+from wxray.errors import ConfigError, DataError
+
+SPLITS = ("train", "val", "test")
+
+
+@dataclass
+class WindowConfig:
+    input_variables: list[str] = field(default_factory=list)  # [] -> every time-dependent variable
+    target_variables: list[str] = field(default_factory=list)  # [] -> the input variables
+    levels: list[int] = field(default_factory=list)  # [] -> every level of the store
+    constants: list[str] = field(default_factory=list)  # [] -> every constant field of the store
+    history: int = 2
+    lead_steps: int = 1
+    residual: bool = True  # target = normalised tendency y(t+lead) - x(t)
+    # Time ranges "start/end" (inclusive, pandas-parsable). Empty -> split_fractions of the record.
+    train_range: str = ""
+    val_range: str = ""
+    test_range: str = ""
+    split_fractions: tuple[float, float, float] = (0.7, 0.15, 0.15)
+
+    def validate(self) -> None:
+        if self.history < 1:
+            raise ConfigError(f"data.history must be >= 1, got {self.history}")
+        if self.lead_steps < 1:
+            raise ConfigError(f"data.lead_steps must be >= 1, got {self.lead_steps}")
+        if abs(sum(self.split_fractions) - 1) > 1e-6 or min(self.split_fractions) < 0:
+            raise ConfigError(f"data.split_fractions must be >= 0 and sum to 1, got {self.split_fractions}")
+
+
+@dataclass
+class WindowSpec:
+    """Everything a read task needs: plain values, cheap to ship to Ray workers."""
+
+    store: str
+    inputs: list[Channel]
+    targets: list[Channel]
+    constants: list[str]
+    history: int
+    lead_steps: int
+    residual: bool
+    in_mean: np.ndarray
+    in_std: np.ndarray
+    out_mean: np.ndarray  # of the target as trained (tendency when residual)
+    out_std: np.ndarray
+    const_mean: np.ndarray
+    const_std: np.ndarray
+    target_in_input: list[int]  # index into `inputs` of each target channel (residual base)
+    latitude: np.ndarray
+    longitude: np.ndarray
+
+    @property
+    def n_in_channels(self) -> int:
+        return self.history * len(self.inputs) + len(self.constants)
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        return len(self.latitude), len(self.longitude)
+
+
+def _safe_std(x: np.ndarray) -> np.ndarray:
+    return np.where(x > 0, x, 1.0).astype(np.float32)
+
+
+def make_spec(store: str, ds: xr.Dataset, stats: Stats, cfg: WindowConfig) -> WindowSpec:
+    dynamic = [str(v) for v in ds.data_vars if TIME in ds[v].dims]
+    inputs = channels(ds, cfg.input_variables or dynamic, cfg.levels, source=f"store {store}")
+    targets = channels(ds, cfg.target_variables or cfg.input_variables or dynamic, cfg.levels,
+                       source=f"store {store}")
+    if cfg.constants:
+        consts = list(cfg.constants)
+        for c in consts:
+            if c not in ds.data_vars or TIME in ds[c].dims:
+                raise DataError(f"store {store}: constant field '{c}' not found (need dims latitude, longitude)")
+    else:
+        consts = [str(v) for v in ds.data_vars if TIME not in ds[v].dims and set(ds[v].dims) == {LAT, LON}]
+    in_names = [c.name for c in inputs]
+    missing = [t.name for t in targets if t.name not in in_names]
+    if cfg.residual and missing:
+        raise ConfigError(f"data.residual=true needs every target among the inputs; missing {missing}")
+    target_in_input = [in_names.index(t.name) if t.name in in_names else -1 for t in targets]
+    scale = np.sqrt(cfg.lead_steps)  # random-walk scaling of the one-step difference statistics
+    if cfg.residual:
+        out_mean = np.array([stats.channel("diff_mean", c) * cfg.lead_steps for c in targets])
+        out_std = np.array([stats.channel("diff_std", c) * scale for c in targets])
+    else:
+        out_mean = np.array([stats.channel("mean", c) for c in targets])
+        out_std = np.array([stats.channel("std", c) for c in targets])
+    const_mean = np.array([float(stats.mean[c].values) for c in consts]) if consts else np.zeros(0)
+    const_std = np.array([float(stats.std[c].values) for c in consts]) if consts else np.zeros(0)
+    return WindowSpec(
+        store=str(store), inputs=inputs, targets=targets, constants=consts, history=cfg.history,
+        lead_steps=cfg.lead_steps, residual=cfg.residual,
+        in_mean=np.array([stats.channel("mean", c) for c in inputs], dtype=np.float32),
+        in_std=_safe_std(np.array([stats.channel("std", c) for c in inputs])),
+        out_mean=out_mean.astype(np.float32), out_std=_safe_std(out_std),
+        const_mean=const_mean.astype(np.float32), const_std=_safe_std(const_std),
+        target_in_input=target_in_input,
+        latitude=ds[LAT].values.astype(np.float64), longitude=ds[LON].values.astype(np.float64),
+    )
+
+
+def valid_anchors(ds: xr.Dataset, history: int, lead_steps: int) -> np.ndarray:
+    """Anchors t whose steps t-H+1 .. t+lead are contiguous and within one trajectory."""
+    times = ds[TIME].values
+    n = times.size
+    step = time_step(ds)
+    contiguous = np.diff(times) == step  # link i -> i+1
+    if TRAJECTORY in ds.coords:
+        traj = ds[TRAJECTORY].values
+        contiguous &= traj[1:] == traj[:-1]
+    span = history - 1 + lead_steps  # links a window needs
+    if n <= span:
+        return np.zeros(0, dtype=np.int64)
+    ok = np.ones(n - span, dtype=bool)  # start s = t - H + 1
+    for k in range(span):
+        ok &= contiguous[k: k + n - span]
+    return np.nonzero(ok)[0].astype(np.int64) + history - 1
+
+
+def _parse_range(text: str, key: str) -> tuple[np.datetime64, np.datetime64]:
+    try:
+        a, b = text.split("/")
+        return np.datetime64(pd.Timestamp(a), "ns"), np.datetime64(pd.Timestamp(b), "ns")
+    except ValueError:
+        raise ConfigError(f"data.{key} must be 'start/end' dates (e.g. 2000-01-01/2000-03-01), got {text!r}")
+
+
+def split_anchors(ds: xr.Dataset, anchors: np.ndarray, cfg: WindowConfig) -> dict[str, np.ndarray]:
+    """Assign windows to splits by time; a window whose steps fall in two splits is dropped."""
+    times = ds[TIME].values
+    first = times[anchors - (cfg.history - 1)]
+    last = times[anchors + cfg.lead_steps]
+    if any((cfg.train_range, cfg.val_range, cfg.test_range)):
+        ranges = {s: _parse_range(getattr(cfg, f"{s}_range"), f"{s}_range")
+                  for s in SPLITS if getattr(cfg, f"{s}_range")}
+    else:
+        edges = np.cumsum([0.0, *cfg.split_fractions])
+        idx = np.clip(np.round(edges * (times.size - 1)).astype(int), 0, times.size - 1)
+        ranges = {}
+        for i, s in enumerate(SPLITS):
+            lo = times[idx[i]] if i == 0 else times[idx[i]] + np.timedelta64(1, "ns")
+            ranges[s] = (lo, times[idx[i + 1]])
+    out = {}
+    for s in SPLITS:
+        if s not in ranges:
+            out[s] = np.zeros(0, dtype=np.int64)
+            continue
+        lo, hi = ranges[s]
+        out[s] = anchors[(first >= lo) & (last <= hi)]
+    return out
+
+
+_OPEN: dict[str, xr.Dataset] = {}
+
+
+def open_lazy(store: str) -> xr.Dataset:
+    """The store opened once per process; chunks=None (no dask): `.values` reads only the chunks it touches."""
+    if store not in _OPEN:
+        _OPEN[store] = xr.open_zarr(store, chunks=None, consolidated=False)
+    return _OPEN[store]
+
+
+class WindowReader:
+    """Reads and normalises a batch of windows: {"anchor": (b,)} -> {"x", "y", "anchor"}.
+
+    x: (b, H*V_in + V_const, h, w) float32, history-major (step t-H+1's channels first, then constant
+    fields); y: (b, V_out, h, w) float32, the normalised target (tendency when residual).
+    """
+
+    def __init__(self, spec: WindowSpec):
+        self.spec = spec
+        self._ds: xr.Dataset | None = None
+        self._const: np.ndarray | None = None
+
+    def _open(self) -> xr.Dataset:
+        if self._ds is None:
+            self._ds = open_lazy(self.spec.store)
+            s = self.spec
+            if s.constants:
+                c = np.stack([self._ds[v].values for v in s.constants]).astype(np.float32)
+                self._const = (c - s.const_mean[:, None, None]) / s.const_std[:, None, None]
+        return self._ds
+
+    def _read(self, chs: list[Channel], idx: np.ndarray) -> np.ndarray:
+        ds = self._open()
+        arrays = []
+        for ch in chs:
+            da = ds[ch.variable]
+            sel = {TIME: idx}
+            if ch.level is not None:
+                sel[LEVEL] = int(np.nonzero(ds[LEVEL].values == ch.level)[0][0])
+            arrays.append(da.isel(sel).values)
+        return np.stack(arrays, axis=1).astype(np.float32)  # (n, C, h, w)
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        s = self.spec
+        anchors = np.asarray(batch["anchor"], dtype=np.int64)
+        steps = np.arange(-(s.history - 1), 1)
+        in_idx = (anchors[:, None] + steps[None, :]).ravel()
+        uniq, inv = np.unique(in_idx, return_inverse=True)
+        states = self._read(s.inputs, uniq)[inv]  # (b*H, V_in, h, w), physical units
+        states = states.reshape(len(anchors), s.history, len(s.inputs), *states.shape[-2:])
+        target = self._read(s.targets, anchors + s.lead_steps)
+        if s.residual:
+            target = target - states[:, -1][:, s.target_in_input]
+        y = (target - s.out_mean[None, :, None, None]) / s.out_std[None, :, None, None]
+        x = (states - s.in_mean[None, None, :, None, None]) / s.in_std[None, None, :, None, None]
+        x = x.reshape(len(anchors), -1, *x.shape[-2:])
+        if self._const is not None:
+            x = np.concatenate([x, np.broadcast_to(self._const, (len(anchors), *self._const.shape))], axis=1)
+        if not (np.isfinite(x).all() and np.isfinite(y).all()):
+            bad = anchors[~(np.isfinite(x).all(axis=(1, 2, 3)) & np.isfinite(y).all(axis=(1, 2, 3)))]
+            raise DataError(f"store {s.store}: NaN/inf in windows with anchors {bad[:5].tolist()}; "
+                            "training needs complete fields")
+        return {"x": np.ascontiguousarray(x, dtype=np.float32), "y": y.astype(np.float32), "anchor": anchors}
+
+
+def to_physical(spec: WindowSpec, y_norm, x_norm):
+    """Normalised model output (+ its normalised input) -> target state in physical units.
+
+    Works on numpy arrays or torch tensors of shape (b, V_out, h, w) / (b, C_in, h, w).
+    """
+    mean = spec.out_mean[None, :, None, None]
+    std = spec.out_std[None, :, None, None]
+    if not isinstance(y_norm, np.ndarray):
+        import torch
+
+        mean, std = torch.as_tensor(mean, device=y_norm.device), torch.as_tensor(std, device=y_norm.device)
+    y = y_norm * std + mean
+    if spec.residual:
+        v = len(spec.inputs)
+        last = x_norm[:, (spec.history - 1) * v: spec.history * v][:, spec.target_in_input]
+        m = spec.in_mean[spec.target_in_input][None, :, None, None]
+        sd = spec.in_std[spec.target_in_input][None, :, None, None]
+        if not isinstance(y_norm, np.ndarray):
+            import torch
+
+            m, sd = torch.as_tensor(m, device=y.device), torch.as_tensor(sd, device=y.device)
+        y = y + last * sd + m
+    return y
