@@ -40,6 +40,7 @@ class DataConfig(WindowConfig):
     read_batch_size: int = 4  # windows per read task call
     read_cpus: float = 0.25  # CPU share of one read task; small so reads run beside Train workers
     shuffle_seed: int = 0
+    progress_bars: bool = False  # Ray Data's per-operator progress bars
 
     def validate(self) -> None:
         super().validate()
@@ -91,6 +92,10 @@ def window_dataset(spec: WindowSpec, anchors: np.ndarray, read_batch_size: int =
 
 def build_datasets(cfg: DataConfig, data: WindowData | None = None) -> tuple[dict[str, Any], WindowData]:
     """Ray Datasets for every non-empty split, plus the window index they were built from."""
+    import ray.data
+
+    # Per-operator bars from every read task drown the training log; the loop prints its own progress.
+    ray.data.DataContext.get_current().enable_progress_bars = cfg.progress_bars
     data = data or prepare_windows(cfg)
     datasets = {s: window_dataset(data.spec, data.anchors[s], cfg.read_batch_size, cfg.read_cpus)
                 for s in SPLITS if len(data.anchors[s])}

@@ -60,7 +60,12 @@ def run_job(job: str, cfg_cls: type[C], main: Callable[[C, JobContext], dict[str
     tracker = None
     ctx = None
     try:
-        tracker = Tracker(cfg.tracking, run_name=run_name, tags={"wxray.job": job})
+        # Re-running into the same out_dir (e.g. a resumed training run) continues its MLflow run.
+        id_file = out_dir / ".mlflow_run_id"
+        previous = id_file.read_text().strip() if id_file.exists() else None
+        tracker = Tracker(cfg.tracking, run_name=run_name, tags={"wxray.job": job}, run_id=previous)
+        if tracker.run_id:
+            write_text(id_file, tracker.run_id)
         ctx = JobContext(job=job, out_dir=out_dir, tracker=tracker)
         tracker.log_params(flatten(to_dict(cfg)))
         result = main(cfg, ctx)

@@ -1,0 +1,170 @@
+"""Device handling in one place: Ray resources, worker devices, precision, peak-memory measurement.
+
+NVIDIA and AMD GPUs both appear to Ray as ``GPU`` (AMD with accelerator types such as
+``AMD-Instinct-MI250X``; Ray sets ``HIP_VISIBLE_DEVICES``) and to PyTorch as ``cuda`` devices (ROCm
+builds), so one code path serves both.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from wxray.errors import ConfigError
+
+
+@dataclass
+class ScalingCfg:
+    num_workers: int = 1
+    use_gpu: bool = False
+    cpus_per_worker: float = 1.0
+    accelerator_type: str = ""  # e.g. "H100", "A100", "AMD-Instinct-MI250X"; "" = any
+
+    def validate(self) -> None:
+        if self.num_workers < 1:
+            raise ConfigError(f"scaling.num_workers must be >= 1, got {self.num_workers}")
+        if self.cpus_per_worker <= 0:
+            raise ConfigError(f"scaling.cpus_per_worker must be > 0, got {self.cpus_per_worker}")
+        if self.accelerator_type and not self.use_gpu:
+            raise ConfigError("scaling.accelerator_type is set but scaling.use_gpu=false")
+
+
+def ensure_ray(address: str = "", num_cpus: int | None = None) -> None:
+    """Connect to a running cluster (address, or RAY_ADDRESS under `ray job submit`) or start a local one.
+
+    Jobs never assume they started Ray: inside `ray job submit` the driver joins the job's cluster.
+    """
+    import ray
+
+    if ray.is_initialized():
+        return
+    kwargs: dict = {"log_to_driver": True, "configure_logging": False}
+    if address:
+        ray.init(address=address, **kwargs)
+    elif os.environ.get("RAY_ADDRESS"):
+        ray.init(**kwargs)
+    else:
+        ray.init(num_cpus=num_cpus, include_dashboard=False, **kwargs)
+
+
+def ray_scaling_config(cfg: ScalingCfg):
+    from ray.train import ScalingConfig
+
+    kwargs: dict = {"num_workers": cfg.num_workers, "use_gpu": cfg.use_gpu,
+                    "resources_per_worker": {"CPU": cfg.cpus_per_worker}}
+    if cfg.use_gpu:
+        kwargs["resources_per_worker"]["GPU"] = 1
+        if cfg.accelerator_type:
+            kwargs["accelerator_type"] = cfg.accelerator_type
+    return ScalingConfig(**kwargs)
+
+
+def check_cluster_fits(cfg: ScalingCfg, reserve_cpus: float = 0.0) -> None:
+    """Fail fast with one line when the cluster cannot hold the workers (Ray would wait forever)."""
+    import ray
+
+    total = ray.cluster_resources()
+    need_cpu = cfg.num_workers * cfg.cpus_per_worker + reserve_cpus
+    if total.get("CPU", 0) < need_cpu:
+        raise ConfigError(
+            f"scaling.num_workers={cfg.num_workers} x scaling.cpus_per_worker={cfg.cpus_per_worker} "
+            f"(+{reserve_cpus} for data reads) needs {need_cpu:g} CPUs; the Ray cluster has {total.get('CPU', 0):g}")
+    if cfg.use_gpu:
+        have = total.get("GPU", 0)
+        if have < cfg.num_workers:
+            raise ConfigError(f"scaling.num_workers={cfg.num_workers} with use_gpu=true needs "
+                              f"{cfg.num_workers} GPUs; the Ray cluster has {have:g}")
+        if cfg.accelerator_type:
+            key = f"accelerator_type:{cfg.accelerator_type}"
+            if total.get(key, 0) <= 0:
+                kinds = sorted(k.split(":", 1)[1] for k in total if k.startswith("accelerator_type:"))
+                raise ConfigError(f"scaling.accelerator_type={cfg.accelerator_type!r} is not in the cluster "
+                                  f"(has: {', '.join(kinds) or 'none'})")
+
+
+def worker_device() -> torch.device:
+    """This Train worker's device (cuda:i for NVIDIA and ROCm, else cpu)."""
+    try:
+        import ray.train.torch
+
+        return ray.train.torch.get_device()
+    except Exception:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def set_cpu_threads(cpus: float) -> None:
+    # Without this every worker starts one thread per core and they fight over the machine.
+    torch.set_num_threads(max(1, math.floor(cpus)))
+
+
+Precision = Literal["auto", "bf16", "fp32"]
+
+
+def autocast_dtype(precision: Precision, device: torch.device) -> torch.dtype | None:
+    """bf16 autocast where the device supports it ("auto": GPUs with bf16; CPUs stay fp32 for speed)."""
+    if precision == "fp32":
+        return None
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else None
+    return torch.bfloat16 if precision == "bf16" else None
+
+
+def autocast(device: torch.device, dtype: torch.dtype | None):
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+class SavedActivationMeter:
+    """Bytes saved for backward during a forward pass (device-independent activation memory).
+
+    Counts each storage once, so views of one tensor are not double counted; parameters saved by
+    linear layers are excluded because they are not activations.
+    """
+
+    def __init__(self, exclude: set[int] | None = None):
+        self.bytes = 0
+        self._seen: set[int] = set()
+        self._exclude = exclude or set()
+
+    def _pack(self, t: torch.Tensor) -> torch.Tensor:
+        try:
+            ptr = t.untyped_storage().data_ptr()
+        except Exception:
+            return t
+        if ptr not in self._seen and ptr not in self._exclude:
+            self._seen.add(ptr)
+            self.bytes += t.untyped_storage().nbytes()
+        return t
+
+    @contextlib.contextmanager
+    def measure(self) -> Iterator[SavedActivationMeter]:
+        with torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t):
+            yield self
+
+    @staticmethod
+    def parameter_pointers(model: torch.nn.Module) -> set[int]:
+        out = set()
+        for p in model.parameters():
+            try:
+                out.add(p.untyped_storage().data_ptr())
+            except Exception:
+                continue
+        return out
+
+
+def peak_memory_bytes(device: torch.device) -> int | None:
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    return None
+
+
+def reset_peak_memory(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)

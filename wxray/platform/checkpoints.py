@@ -1,0 +1,68 @@
+"""Checkpoints: one `state.pt` (loaded with `torch.load(weights_only=True)`) + `meta.json` per directory.
+
+The state holds model, optimiser and scheduler state, the data position (epoch and global step) and RNG
+states. `meta.json` names the format and the model config, so a foreign or mismatched checkpoint is a
+one-line `CheckpointError` rather than a shape error deep inside `load_state_dict`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from wxray.errors import CheckpointError
+
+FORMAT = "wxray-train-checkpoint-v1"
+STATE, META = "state.pt", "meta.json"
+
+
+def save(directory: str | Path, state: dict[str, Any], meta: dict[str, Any]) -> Path:
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    torch.save(state, d / STATE)
+    (d / META).write_text(json.dumps({"format": FORMAT, **meta}, indent=2, sort_keys=True, default=str))
+    return d
+
+
+def load(path: str | Path, expect_model: dict[str, Any] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Load a checkpoint directory (or its state.pt); check format and, optionally, the model config."""
+    p = Path(path)
+    d = p if p.is_dir() else p.parent
+    if not (d / STATE).is_file():
+        raise CheckpointError(f"checkpoint {p}: no {STATE} found (expected a wxray checkpoint directory)")
+    try:
+        meta = json.loads((d / META).read_text())
+    except (OSError, ValueError):
+        raise CheckpointError(f"checkpoint {d}: missing or unreadable {META} (not a wxray checkpoint?)")
+    if meta.get("format") != FORMAT:
+        raise CheckpointError(f"checkpoint {d}: format {meta.get('format')!r}, expected {FORMAT!r}")
+    if expect_model is not None:
+        theirs = meta.get("model", {})
+        diff = [k for k in ("name", "patch_size", "embed_dim", "depth", "num_heads", "mlp_ratio")
+                if k in theirs and k in expect_model and theirs[k] != expect_model[k]]
+        if theirs.get("channels") is not None and expect_model.get("channels") is not None \
+                and theirs["channels"] != expect_model["channels"]:
+            diff.append("channels")
+        if diff:
+            k = diff[0]
+            raise CheckpointError(f"checkpoint {d}: model.{k}={theirs.get(k)!r} does not match this run's "
+                                  f"{expect_model.get(k)!r}")
+    try:
+        state = torch.load(d / STATE, map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise CheckpointError(f"checkpoint {d}/{STATE} is corrupt or not a weights-only torch file "
+                              f"({type(e).__name__})")
+    if not isinstance(state, dict) or "model" not in state:
+        raise CheckpointError(f"checkpoint {d}/{STATE}: expected a dict with a 'model' entry")
+    return state, meta
+
+
+def load_model_weights(model: torch.nn.Module, state: dict[str, Any], where: str) -> None:
+    try:
+        model.load_state_dict(state["model"])
+    except RuntimeError as e:
+        first = str(e).splitlines()[1].strip() if len(str(e).splitlines()) > 1 else str(e)
+        raise CheckpointError(f"checkpoint {where}: weights do not fit this model ({first})")

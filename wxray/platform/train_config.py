@@ -1,0 +1,109 @@
+"""The typed config of `jobs/train_sparse.py`: every training knob is a config key (Tune sweeps them)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from wxray.errors import ConfigError
+from wxray.platform.accelerators import Precision, ScalingCfg
+from wxray.platform.datasets import DataConfig
+from wxray.platform.tracking import TrackingConfig
+
+Selection = Literal["random", "topk_attention", "learned", "laplacian", "activation_norm"]
+
+
+@dataclass
+class ModelConfig:
+    name: Literal["reslim", "droppath", "sprint", "climax"] = "reslim"
+    patch_size: int = 2
+    embed_dim: int = 128
+    depth: int = 8
+    num_heads: int = 4
+    mlp_ratio: float = 4.0
+    split: tuple[int, int, int] = (2, 4, 2)
+    keep_ratio: float = 0.25
+    selection: Selection = "random"
+    deterministic_eval: bool = False
+    drop_path: float = 0.0
+    dropout: float = 0.0
+    skip_channels: int = 64
+
+    def validate(self) -> None:
+        if not 0.0 < self.keep_ratio <= 1.0:
+            raise ConfigError(f"model.keep_ratio must be in (0, 1], got {self.keep_ratio}")
+        if sum(self.split) != self.depth or min(self.split) < 0:
+            raise ConfigError(f"model.split {list(self.split)} must be >= 0 and sum to model.depth={self.depth}")
+        if self.embed_dim % self.num_heads:
+            raise ConfigError(f"model.embed_dim={self.embed_dim} is not divisible by model.num_heads={self.num_heads}")
+        if self.patch_size < 1:
+            raise ConfigError(f"model.patch_size must be >= 1, got {self.patch_size}")
+        if self.name == "droppath" and self.keep_ratio != 1.0:
+            raise ConfigError("model.name=droppath is the dense stochastic-depth baseline: set model.keep_ratio=1")
+        if not 0.0 <= self.drop_path < 1.0 or not 0.0 <= self.dropout < 1.0:
+            raise ConfigError("model.drop_path and model.dropout must be in [0, 1)")
+
+    def check_grid(self, grid: tuple[int, int]) -> None:
+        h, w = grid
+        if h % self.patch_size or w % self.patch_size:
+            raise ConfigError(f"model.patch_size={self.patch_size} does not divide the grid {h}x{w}")
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1e-3
+    weight_decay: float = 0.05
+    betas: tuple[float, float] = (0.9, 0.95)
+    warmup_steps: int = 20
+    min_lr_ratio: float = 0.05
+    grad_clip: float = 1.0  # 0 disables clipping
+
+    def validate(self) -> None:
+        if self.lr <= 0:
+            raise ConfigError(f"optim.lr must be > 0, got {self.lr}")
+
+
+@dataclass
+class LoopConfig:
+    epochs: int = 6
+    max_steps_per_epoch: int = 0  # 0 = the whole shard
+    checkpoint_every: int = 1  # epochs
+    keep_checkpoints: int = 2
+    precision: Precision = "auto"
+    activation_checkpointing: bool = False
+    compile: bool = False
+    fsdp: bool = True  # FSDP2 fully_shard per block when num_workers > 1
+    seed: int = 0
+    max_failures: int = 1
+    log_every: int = 10  # steps
+    rollout_steps: int = 4
+    var_weights: dict[str, float] = field(default_factory=dict)  # channel name -> loss weight
+    init_from: str = ""  # checkpoint dir/file to initialise weights from (fine-tuning)
+    # Fault drill: worker rank 1 (or 0 with one worker) kills its own process once, at the start of this
+    # epoch, to exercise FailureConfig + resume. -1 = off.
+    fault_drill_epoch: int = -1
+
+    def validate(self) -> None:
+        if self.epochs < 1:
+            raise ConfigError(f"train.epochs must be >= 1, got {self.epochs}")
+        if self.checkpoint_every < 1:
+            raise ConfigError(f"train.checkpoint_every must be >= 1, got {self.checkpoint_every}")
+        if self.rollout_steps < 0:
+            raise ConfigError(f"train.rollout_steps must be >= 0, got {self.rollout_steps}")
+
+
+@dataclass
+class TrainSparseConfig:
+    data: DataConfig = field(default_factory=lambda: DataConfig(history=2, lead_steps=1, batch_size=8))
+    model: ModelConfig = field(default_factory=ModelConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: LoopConfig = field(default_factory=LoopConfig)
+    scaling: ScalingCfg = field(default_factory=ScalingCfg)
+    ray_address: str = ""  # "" = RAY_ADDRESS (ray job submit) or a local cluster
+    out_dir: str = ""  # "" = runs/train_sparse/<run_name or UTC timestamp>
+    run_name: str = ""  # same run_name again = resume from its last checkpoint
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+
+    def validate(self) -> None:
+        if self.run_name and not self.out_dir:
+            self.out_dir = f"runs/train_sparse/{self.run_name}"

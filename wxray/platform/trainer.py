@@ -1,0 +1,174 @@
+"""The driver of `jobs/train_sparse.py`: checks everything up front, builds the `TorchTrainer`, runs it,
+then evaluates the final checkpoint (autoregressive rollout on the test split, a validation map).
+
+Train+Tune pattern: `train_fn_per_worker` (trainer_loop.py) <- `make_trainer` (here) <- a Tune driver
+function can call `make_trainer` per trial.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from wxray.config import to_dict
+from wxray.data.schema import open_store
+from wxray.errors import CheckpointError, ConfigError, DataError, WxrayError
+from wxray.io import atomic_path
+from wxray.platform import accelerators as acc
+from wxray.platform import checkpoints
+from wxray.platform.datasets import WindowData, build_datasets, exactly_once_data_config, prepare_windows
+from wxray.platform.job import JobContext
+from wxray.platform.rollout import rollout, rollout_anchors, score_per_lead, to_forecast_dataset
+from wxray.platform.train_config import TrainSparseConfig
+from wxray.platform.trainer_loop import build_forecaster, model_identity, train_fn_per_worker
+
+
+def check_model(cfg: TrainSparseConfig, data: WindowData) -> torch.nn.Module:
+    cfg.model.check_grid(data.spec.grid)
+    try:
+        model = build_forecaster(cfg.model, data.spec)
+    except ValueError as e:
+        raise ConfigError(f"model: {e}")
+    if cfg.train.init_from:
+        state, _ = checkpoints.load(cfg.train.init_from, expect_model=model_identity(cfg.model, data.spec))
+        checkpoints.load_model_weights(model, state, cfg.train.init_from)
+    return model
+
+
+def make_trainer(cfg: TrainSparseConfig, data: WindowData, out_dir: Path, tracking_uri: str = "",
+                 mlflow_run_id: str = ""):
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig
+    from ray.train.torch import TorchTrainer
+
+    datasets, _ = build_datasets(cfg.data, data)
+    if "train" not in datasets:
+        raise DataError(f"store {cfg.data.store}: no valid training windows (check data.*_range and history)")
+    loop_config = {"cfg": to_dict(cfg), "spec": data.spec, "n_train": len(data.anchors["train"]),
+                   "has_val": "val" in datasets, "out_dir": str(out_dir.resolve()),
+                   "model_identity": model_identity(cfg.model, data.spec),
+                   "tracking_uri": tracking_uri, "mlflow_run_id": mlflow_run_id}
+    return TorchTrainer(
+        train_fn_per_worker,
+        train_loop_config=loop_config,
+        scaling_config=acc.ray_scaling_config(cfg.scaling),
+        run_config=RunConfig(
+            name="train", storage_path=str((out_dir / "ray").resolve()),
+            failure_config=FailureConfig(max_failures=cfg.train.max_failures),
+            checkpoint_config=CheckpointConfig(num_to_keep=cfg.train.keep_checkpoints),
+        ),
+        datasets={k: v for k, v in datasets.items() if k in ("train", "val")},
+        dataset_config=exactly_once_data_config(),
+    )
+
+
+def _training_error(e: Exception) -> WxrayError:
+    """The one-line cause of a failed Ray Train run (a WxrayError raised in a worker keeps its message)."""
+    cause = e
+    while cause is not None:
+        if isinstance(cause, WxrayError):
+            return cause
+        for attr in ("worker_failures", "errors"):
+            failures = getattr(cause, attr, None)
+            if isinstance(failures, dict) and failures:
+                return _training_error(next(iter(failures.values())))
+        cause = cause.__cause__ or getattr(cause, "cause", None)
+    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    return WxrayError(f"training failed: {first}")
+
+
+def save_map_png(path: Path, truth: np.ndarray, forecast: np.ndarray, lat: np.ndarray, lon: np.ndarray,
+                 title: str) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    err = forecast - truth
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.4), constrained_layout=True)
+    vmin, vmax = float(truth.min()), float(truth.max())
+    lim = float(np.abs(err).max()) or 1.0
+    for ax, field, name, kw in ((axes[0], truth, "truth", {"vmin": vmin, "vmax": vmax}),
+                                (axes[1], forecast, "forecast", {"vmin": vmin, "vmax": vmax}),
+                                (axes[2], err, "forecast - truth", {"vmin": -lim, "vmax": lim, "cmap": "RdBu_r"})):
+        im = ax.pcolormesh(lon, lat, field, shading="auto", **kw)
+        ax.set_title(name)
+        ax.set_xlabel("longitude")
+        fig.colorbar(im, ax=ax, shrink=0.85)
+    axes[0].set_ylabel("latitude")
+    fig.suptitle(title)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=90, format="png")
+    plt.close(fig)
+    return path
+
+
+def evaluate_checkpoint(cfg: TrainSparseConfig, data: WindowData, ckpt_dir: Path, out_dir: Path,
+                        ctx: JobContext) -> dict[str, Any]:
+    """Rollout on the test split (val when there is no test split), forecast zarr, per-lead RMSE, map PNG."""
+    state, _ = checkpoints.load(ckpt_dir)
+    model = build_forecaster(cfg.model, data.spec)
+    checkpoints.load_model_weights(model, state, str(ckpt_dir))
+    ds = open_store(cfg.data.store)
+    split = "test" if len(data.anchors["test"]) else "val"
+    steps = cfg.train.rollout_steps
+    autoregressive = [c.name for c in data.spec.targets] == [c.name for c in data.spec.inputs]
+    steps = steps if autoregressive else min(steps, 1)
+    anchors = rollout_anchors(ds, np.sort(data.anchors[split]), data.spec, steps) if steps else np.zeros(0, int)
+    if len(anchors) == 0:
+        return {"rollout_split": split, "rollout_inits": 0}
+    fc = rollout(model, data.spec, anchors, steps, seed=cfg.train.seed, batch_size=cfg.data.batch_size)
+    forecast = to_forecast_dataset(fc, data.spec, ds, anchors)
+    with atomic_path(out_dir / "forecast.zarr") as tmp:
+        forecast.to_zarr(tmp, zarr_format=3, consolidated=False)
+    scores = score_per_lead(forecast, ds)
+    for k in range(steps):
+        ctx.tracker.log_metrics({f"rollout/rmse/{ch}": v[k] for ch, v in scores.items()}, step=k + 1)
+    ch0 = data.spec.targets[0]
+    truth = ds[ch0.variable].isel(time=int(anchors[0]) + data.spec.lead_steps)
+    if ch0.level is not None:
+        truth = truth.sel(level=ch0.level)
+    png = save_map_png(out_dir / "validation_map.png", truth.values, fc[0, 0, 0], data.spec.latitude,
+                       data.spec.longitude, f"{ch0.name}, init {str(ds.time.values[anchors[0]])[:16]}, "
+                                            f"first lead ({split} split)")
+    ctx.tracker.log_artifact(png)
+    return {"rollout_split": split, "rollout_inits": int(len(anchors)), "rollout_rmse": scores,
+            "forecast": str(out_dir / "forecast.zarr")}
+
+
+def train_sparse(cfg: TrainSparseConfig, ctx: JobContext) -> dict[str, Any]:
+    acc.ensure_ray(cfg.ray_address)
+    data = prepare_windows(cfg.data)
+    model = check_model(cfg, data)
+    acc.check_cluster_fits(cfg.scaling, reserve_cpus=cfg.data.read_cpus)
+    n_params = sum(p.numel() for p in model.parameters())
+    counts = data.counts()
+    ctx.tracker.log_params({"n_parameters": n_params, **{f"windows.{k}": v for k, v in counts.items()}})
+    print(f"wxray: {n_params / 1e6:.2f}M parameters, windows {counts}, grid {data.spec.grid}, "
+          f"{cfg.scaling.num_workers} worker(s)", flush=True)
+    trainer = make_trainer(cfg, data, Path(ctx.out_dir), ctx.tracker.uri, ctx.tracker.run_id or "")
+    ctx.keep_on_failure = True  # checkpoints written so far are what a re-run resumes from
+    try:
+        result = trainer.fit()
+    except Exception as e:  # Ray wraps worker errors; show the cause in one line
+        raise _training_error(e) from None
+    if result.checkpoint is None:
+        raise CheckpointError(f"training in {ctx.out_dir} finished without a checkpoint")
+    metrics = result.metrics or {}
+    with result.checkpoint.as_directory() as d:
+        evaluation = evaluate_checkpoint(cfg, data, Path(d), Path(ctx.out_dir), ctx)
+    val_rmse = {k.split("/", 2)[2]: round(float(v), 6) for k, v in metrics.items() if k.startswith("val/rmse/")}
+    return {
+        "val_rmse": val_rmse,
+        "val_loss": metrics.get("val/loss"),
+        "train_loss": metrics.get("train/epoch_loss"),
+        "samples_per_s_per_worker": metrics.get("train/epoch_samples_per_s_per_worker"),
+        "epochs": int(metrics.get("epoch", -1)) + 1,
+        "steps": metrics.get("step"),
+        "checkpoint": result.checkpoint.path,
+        "n_parameters": n_params,
+        "windows": counts,
+        **evaluation,
+    }

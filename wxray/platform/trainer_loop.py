@@ -1,0 +1,250 @@
+"""`train_fn_per_worker`: the loop every Ray Train worker runs (FSDP2, bf16 autocast, checkpoints).
+
+Randomness: token selection and dropout draw from one explicit torch Generator per worker, reseeded at
+every epoch from (seed, epoch, rank), so a resumed run replays the same selections as an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from wxray.config import from_dict, to_dict
+from wxray.models import build_model, lat_weighted_mse, latitude_weights
+from wxray.platform import accelerators as acc
+from wxray.platform import checkpoints
+from wxray.platform.reporting import Reporter
+from wxray.platform.train_config import ModelConfig, TrainSparseConfig
+from wxray.platform.windows import WindowSpec, to_physical
+
+
+def build_forecaster(cfg: ModelConfig, spec: WindowSpec) -> torch.nn.Module:
+    kwargs = dict(n_vars=len(spec.inputs), history=spec.history, n_const=len(spec.constants),
+                  n_out=len(spec.targets), img_size=spec.grid, patch_size=cfg.patch_size,
+                  embed_dim=cfg.embed_dim, depth=cfg.depth, num_heads=cfg.num_heads, mlp_ratio=cfg.mlp_ratio,
+                  split=tuple(cfg.split), keep_ratio=cfg.keep_ratio, selection=cfg.selection,
+                  deterministic_eval=cfg.deterministic_eval, drop_path=cfg.drop_path, dropout=cfg.dropout)
+    if cfg.name != "climax":
+        kwargs["skip_channels"] = cfg.skip_channels
+    return build_model(cfg.name, **kwargs)
+
+
+def model_identity(cfg: ModelConfig, spec: WindowSpec) -> dict[str, Any]:
+    """What a checkpoint must agree on to be loaded into this run's model."""
+    return {**to_dict(cfg), "channels": [c.name for c in spec.inputs] + ["->"] + [c.name for c in spec.targets]
+            + ["const:"] + list(spec.constants)}
+
+
+def epoch_generator(seed: int, epoch: int, rank: int) -> torch.Generator:
+    return torch.Generator().manual_seed(int(seed) * 1_000_003 + epoch * 1009 + rank)
+
+
+def lockstep_batches(batches: Iterable[dict], dummy: dict, device: torch.device,
+                     world: int) -> Iterator[tuple[dict, float]]:
+    """Yield (batch, weight) until every worker is out of data; an exhausted worker gets zero-weight dummies.
+
+    Exactly-once sharding lets shards differ by a batch; FSDP's collectives need every rank to step.
+    """
+    it = iter(batches)
+    while True:
+        batch = next(it, None)
+        more = torch.tensor([0.0 if batch is None else 1.0], device=device)
+        if world > 1:
+            dist.all_reduce(more, op=dist.ReduceOp.MAX)
+        if more.item() == 0:
+            return
+        yield (dummy, 0.0) if batch is None else (batch, 1.0)
+
+
+def lr_factor(step: int, warmup: int, total: int, min_ratio: float) -> float:
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return min_ratio + (1 - min_ratio) * 0.5 * (1 + np.cos(np.pi * progress))
+
+
+def _shard(model: torch.nn.Module) -> None:
+    from torch.distributed.fsdp import fully_shard
+
+    for block in model.router.blocks:
+        fully_shard(block)
+    fully_shard(model)
+
+
+def _state_options():
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+
+def _get_state(model, opt) -> tuple[dict, dict]:
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    return get_state_dict(model, opt, options=_state_options())
+
+
+def _set_state(model, opt, model_sd: dict, opt_sd: dict | None) -> None:
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+
+    set_model_state_dict(model, model_sd, options=_state_options())
+    if opt_sd is not None:
+        set_optimizer_state_dict(model, opt, opt_sd, options=_state_options())
+
+
+def validate(model, batches, spec: WindowSpec, lat_w: torch.Tensor, device, world: int, dtype,
+             seed: int, dummy: dict) -> dict[str, float]:
+    """Normalised loss and latitude-weighted RMSE per target channel in physical units."""
+    model.eval()
+    gen = torch.Generator().manual_seed(seed + 7919)  # validation draws the same tokens every epoch
+    n_out = len(spec.targets)
+    sums = torch.zeros(n_out + 2, dtype=torch.float64, device=device)  # per-channel SE, loss, count
+    with torch.no_grad():
+        for batch, w in lockstep_batches(batches, dummy, device, world):
+            x, y = batch["x"], batch["y"]
+            with acc.autocast(device, dtype):
+                pred = model(x, generator=gen)
+            pred = pred.float()
+            phys_p, phys_t = to_physical(spec, pred, x), to_physical(spec, y, x)
+            se = ((phys_p - phys_t) ** 2 * lat_w[None, None, :, None]).mean(dim=(-2, -1))  # (b, V)
+            sums[:n_out] += w * se.sum(0).double()
+            sums[n_out] += w * lat_weighted_mse(pred, y, lat_w).double() * x.shape[0]
+            sums[n_out + 1] += w * x.shape[0]
+    if world > 1:
+        dist.all_reduce(sums)
+    count = max(1.0, sums[-1].item())
+    out = {"val/loss": sums[n_out].item() / count, "val/windows": count}
+    for i, ch in enumerate(spec.targets):
+        out[f"val/rmse/{ch.name}"] = float(np.sqrt(sums[i].item() / count))
+    model.train()
+    return out
+
+
+def _fault_drill(cfg: TrainSparseConfig, epoch: int, rank: int, world: int, marker: Path) -> None:
+    if cfg.train.fault_drill_epoch == epoch and rank == min(1, world - 1) and not marker.exists():
+        marker.write_text(f"killed rank {rank} at the start of epoch {epoch}\n")
+        os._exit(1)  # an abrupt death, as when a node is lost
+
+
+def train_fn_per_worker(config: dict[str, Any]) -> None:
+    import ray.train
+
+    cfg = from_dict(TrainSparseConfig, config["cfg"])
+    spec: WindowSpec = config["spec"]
+    ctx = ray.train.get_context()
+    rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    device = acc.worker_device()
+    if device.type == "cpu":
+        acc.set_cpu_threads(cfg.scaling.cpus_per_worker)
+    torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank
+    model = build_forecaster(cfg.model, spec).to(device)
+    model.activation_checkpointing = cfg.train.activation_checkpointing
+    if world > 1 and cfg.train.fsdp:
+        _shard(model)
+    elif world > 1:
+        model = torch.nn.parallel.DistributedDataParallel(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay,
+                            betas=tuple(cfg.optim.betas))
+    steps_per_epoch = int(np.ceil(config["n_train"] / (world * cfg.data.batch_size)))
+    if cfg.train.max_steps_per_epoch:
+        steps_per_epoch = min(steps_per_epoch, cfg.train.max_steps_per_epoch)
+    total = cfg.train.epochs * max(1, steps_per_epoch)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: lr_factor(s, cfg.optim.warmup_steps, total, cfg.optim.min_lr_ratio))
+
+    start_epoch, step = 0, 0
+    resume = ray.train.get_checkpoint()
+    if resume is not None:
+        with resume.as_directory() as d:
+            state, _ = checkpoints.load(d)
+        _set_state(model, opt, state["model"], state["optimizer"])
+        sched.load_state_dict(state["scheduler"])
+        torch.set_rng_state(state["torch_rng"])
+        start_epoch, step = int(state["epoch"]) + 1, int(state["step"])
+    elif cfg.train.init_from:
+        state, _ = checkpoints.load(cfg.train.init_from)
+        _set_state(model, opt, state["model"], None)
+    if cfg.train.compile:
+        model = torch.compile(model)
+
+    dtype = acc.autocast_dtype(cfg.train.precision, device)
+    lat_w = latitude_weights(torch.as_tensor(spec.latitude, dtype=torch.float32)).to(device)
+    var_w = torch.tensor([cfg.train.var_weights.get(c.name, 1.0) for c in spec.targets], device=device)
+    dummy = {"x": torch.zeros(1, spec.n_in_channels, *spec.grid, device=device),
+             "y": torch.zeros(1, len(spec.targets), *spec.grid, device=device)}
+    reporter = Reporter(rank, config.get("tracking_uri", ""), config.get("mlflow_run_id", ""))
+    meter_exclude = acc.SavedActivationMeter.parameter_pointers(model)
+    train_shard = ray.train.get_dataset_shard("train")
+    val_shard = ray.train.get_dataset_shard("val") if config["has_val"] else None
+    marker = Path(config["out_dir"]) / ".fault_drill_done"
+
+    for epoch in range(start_epoch, cfg.train.epochs):
+        _fault_drill(cfg, epoch, rank, world, marker)
+        gen = epoch_generator(cfg.train.seed, epoch, rank)
+        model.train()
+        acc.reset_peak_memory(device)
+        t_epoch, n_samples, losses = time.perf_counter(), 0, []
+        batches = train_shard.iter_torch_batches(batch_size=cfg.data.batch_size, device=device,
+                                                 local_shuffle_buffer_size=4 * cfg.data.batch_size,
+                                                 local_shuffle_seed=cfg.train.seed + epoch)
+        for i, (batch, w) in enumerate(lockstep_batches(batches, dummy, device, world)):
+            if cfg.train.max_steps_per_epoch and i >= cfg.train.max_steps_per_epoch:
+                break
+            t0 = time.perf_counter()
+            measure = step % cfg.train.log_every == 0
+            meter = acc.SavedActivationMeter(meter_exclude)
+            with acc.autocast(device, dtype), (meter.measure() if measure else contextlib.nullcontext()):
+                pred = model(batch["x"], generator=gen)
+                loss = lat_weighted_mse(pred.float(), batch["y"], lat_w, var_w) * w
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            if cfg.optim.grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip)
+            opt.step()
+            sched.step()
+            step += 1
+            n = int(batch["x"].shape[0] * w)
+            n_samples += n
+            if w:
+                losses.append(loss.item())
+            if measure:
+                dt = time.perf_counter() - t0
+                m = {"train/loss": loss.item() / max(w, 1e-12) if w else float("nan"),
+                     "train/lr": sched.get_last_lr()[0], "train/step_time_s": dt,
+                     "train/samples_per_s_per_worker": n / dt, "train/saved_activation_bytes": meter.bytes}
+                peak = acc.peak_memory_bytes(device)
+                if peak is not None:
+                    m["train/peak_memory_bytes"] = peak
+                reporter.log(m, step)
+        elapsed = time.perf_counter() - t_epoch
+        metrics = {"epoch": epoch, "step": step, "train/epoch_loss": float(np.mean(losses)) if losses else float("nan"),
+                   "train/epoch_samples_per_s_per_worker": n_samples / max(elapsed, 1e-9)}
+        if val_shard is not None:
+            metrics.update(validate(model, val_shard.iter_torch_batches(batch_size=cfg.data.batch_size,
+                                                                        device=device),
+                                    spec, lat_w, device, world, dtype, cfg.train.seed, dummy))
+        if rank == 0:
+            val = f", val loss {metrics['val/loss']:.4f}" if "val/loss" in metrics else ""
+            print(f"epoch {epoch + 1}/{cfg.train.epochs}: step {step}, train loss {metrics['train/epoch_loss']:.4f}"
+                  f"{val}, {metrics['train/epoch_samples_per_s_per_worker']:.1f} samples/s/worker", flush=True)
+        last = epoch == cfg.train.epochs - 1
+        if (epoch + 1) % cfg.train.checkpoint_every == 0 or last:
+            model_sd, opt_sd = _get_state(model, opt)
+            with tempfile.TemporaryDirectory() as tmp:
+                ckpt = None
+                if rank == 0:
+                    state = {"model": model_sd, "optimizer": opt_sd, "scheduler": sched.state_dict(),
+                             "epoch": epoch, "step": step, "torch_rng": torch.get_rng_state()}
+                    checkpoints.save(tmp, state, {"model": config["model_identity"], "epoch": epoch, "step": step})
+                    ckpt = ray.train.Checkpoint.from_directory(tmp)
+                reporter.report(metrics, step, checkpoint=ckpt)
+        else:
+            reporter.report(metrics, step)
