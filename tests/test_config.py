@@ -31,6 +31,7 @@ class Cfg:
 def test_defaults_yaml_then_overrides_in_order(tmp_path):
     y = tmp_path / "c.yaml"
     y.write_text("model:\n  keep_ratio: 0.5\nepochs: 3\n")
+    assert load_config(Cfg, ["model.keep_ratio=5e-1"]).model.keep_ratio == 0.5
     cfg = load_config(Cfg, ["--config", str(y), "model.keep_ratio=1", "variables=[a, b]", "start=2017-01-01"])
     assert cfg.model.keep_ratio == 1.0 and isinstance(cfg.model.keep_ratio, float)
     assert cfg.epochs == 3

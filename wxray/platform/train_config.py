@@ -79,8 +79,8 @@ class LoopConfig:
     rollout_steps: int = 4
     var_weights: dict[str, float] = field(default_factory=dict)  # channel name -> loss weight
     init_from: str = ""  # checkpoint dir/file to initialise weights from (fine-tuning)
-    # Fault drill: worker rank 1 (or 0 with one worker) kills its own process once, at the start of this
-    # epoch, to exercise FailureConfig + resume. -1 = off.
+    # Fault drill: worker rank 1 (or 0 with one worker) kills its own process once, after the first step
+    # of this epoch, to exercise FailureConfig + resume. -1 = off.
     fault_drill_epoch: int = -1
 
     def validate(self) -> None:

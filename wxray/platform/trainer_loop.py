@@ -69,7 +69,7 @@ def lr_factor(step: int, warmup: int, total: int, min_ratio: float) -> float:
     if step < warmup:
         return (step + 1) / warmup
     progress = min(1.0, (step - warmup) / max(1, total - warmup))
-    return min_ratio + (1 - min_ratio) * 0.5 * (1 + np.cos(np.pi * progress))
+    return float(min_ratio + (1 - min_ratio) * 0.5 * (1 + np.cos(np.pi * progress)))  # plain float: weights_only
 
 
 def _shard(model: torch.nn.Module) -> None:
@@ -78,6 +78,12 @@ def _shard(model: torch.nn.Module) -> None:
     for block in model.router.blocks:
         fully_shard(block)
     fully_shard(model)
+
+
+def _is_sharded(model: torch.nn.Module) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(p, DTensor) for p in model.parameters())
 
 
 def _state_options():
@@ -187,7 +193,6 @@ def train_fn_per_worker(config: dict[str, Any]) -> None:
     marker = Path(config["out_dir"]) / ".fault_drill_done"
 
     for epoch in range(start_epoch, cfg.train.epochs):
-        _fault_drill(cfg, epoch, rank, world, marker)
         gen = epoch_generator(cfg.train.seed, epoch, rank)
         model.train()
         acc.reset_peak_memory(device)
@@ -198,6 +203,8 @@ def train_fn_per_worker(config: dict[str, Any]) -> None:
         for i, (batch, w) in enumerate(lockstep_batches(batches, dummy, device, world)):
             if cfg.train.max_steps_per_epoch and i >= cfg.train.max_steps_per_epoch:
                 break
+            if i == 1:
+                _fault_drill(cfg, epoch, rank, world, marker)
             t0 = time.perf_counter()
             measure = step % cfg.train.log_every == 0
             meter = acc.SavedActivationMeter(meter_exclude)
@@ -225,7 +232,8 @@ def train_fn_per_worker(config: dict[str, Any]) -> None:
                     m["train/peak_memory_bytes"] = peak
                 reporter.log(m, step)
         elapsed = time.perf_counter() - t_epoch
-        metrics = {"epoch": epoch, "step": step, "train/epoch_loss": float(np.mean(losses)) if losses else float("nan"),
+        metrics = {"epoch": epoch, "step": step, "train/world_size": world,
+                   "train/fsdp_sharded": float(_is_sharded(model)), "train/epoch_loss": float(np.mean(losses)) if losses else float("nan"),
                    "train/epoch_samples_per_s_per_worker": n_samples / max(elapsed, 1e-9)}
         if val_shard is not None:
             metrics.update(validate(model, val_shard.iter_torch_batches(batch_size=cfg.data.batch_size,
