@@ -188,7 +188,8 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
         data = yaml.safe_load(p.read_text()) or {}
     except yaml.YAMLError as e:
         line = getattr(getattr(e, "problem_mark", None), "line", None)
-        raise ConfigError(f"config file {p} is not valid YAML" + (f" (line {line + 1})" if line is not None else ""))
+        where = f" (line {line + 1})" if line is not None else ""
+        raise ConfigError(f"config file {p} is not valid YAML{where}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"config file {p} must hold a mapping of keys, got {type(data).__name__}")
     return data

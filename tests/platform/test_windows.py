@@ -40,7 +40,8 @@ def test_splits_are_disjoint_in_time(tiny_store):
     spans = {k: (times[v - 1].min(), times[v + 1].max()) for k, v in s.items() if len(v)}
     assert spans["train"][1] < spans["val"][0] and spans["val"][1] < spans["test"][0]
     assert sum(len(v) for v in s.values()) <= len(a)
-    ranged = split_anchors(ds, a, WindowConfig(train_range="2000-01-01/2000-01-03T18", val_range="2000-01-04/2000-01-09"))
+    ranged = split_anchors(ds, a, WindowConfig(train_range="2000-01-01/2000-01-03T18",
+                                                val_range="2000-01-04/2000-01-09"))
     assert len(ranged["train"]) > 0 and len(ranged["test"]) == 0
     with pytest.raises(ConfigError, match="data.val_range"):
         split_anchors(ds, a, WindowConfig(val_range="yesterday"))

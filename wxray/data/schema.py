@@ -31,7 +31,8 @@ from wxray.errors import DataError
 TIME, LEVEL, LAT, LON = "time", "level", "latitude", "longitude"
 TRAJECTORY = "trajectory"
 STAT_NAMES = ("mean", "std", "diff_mean", "diff_std", "climatology")
-CONSTANT_VARIABLES = ("land_sea_mask", "geopotential_at_surface", "soil_type", "slope_of_sub_gridscale_orography")
+CONSTANT_VARIABLES = ("land_sea_mask", "geopotential_at_surface", "soil_type",
+                      "slope_of_sub_gridscale_orography")
 
 # ERA5 short names (as cfgrib / ARCO / CDS netCDF write them) -> WeatherBench 2 long names.
 SHORT_NAMES = {
@@ -113,11 +114,13 @@ def open_store(path: str | Path) -> xr.Dataset:
     """Open a store (lazily) and check the conventions above."""
     p = Path(path)
     if not p.exists():
-        raise DataError(f"store {p} does not exist (make one with jobs/prepare_data.py or jobs/make_sample_data.py)")
+        raise DataError(f"store {p} does not exist "
+                        f"(make one with jobs/prepare_data.py or jobs/make_sample_data.py)")
     try:
         ds = xr.open_zarr(p, consolidated=False)
     except Exception as e:  # zarr raises many types for a foreign directory
-        raise DataError(f"store {p} is not a readable zarr store ({type(e).__name__}: {e})".splitlines()[0])
+        msg = f"store {p} is not a readable zarr store ({type(e).__name__}: {e})".splitlines()[0]
+        raise DataError(msg) from None
     for dim in (TIME, LAT, LON):
         if dim not in ds.dims:
             raise DataError(f"store {p}: missing dimension '{dim}' (dims: {', '.join(map(str, ds.dims))})")
@@ -156,5 +159,6 @@ def open_stats(path: str | Path) -> Stats:
             if name == "climatology":
                 groups[name] = None
                 continue
-            raise DataError(f"store {p}: missing stats group 'stats/{name}' (recompute with jobs/prepare_data.py)")
+            raise DataError(f"store {p}: missing stats group 'stats/{name}' "
+                            f"(recompute with jobs/prepare_data.py)") from None
     return Stats(**groups)

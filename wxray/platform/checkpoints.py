@@ -36,7 +36,7 @@ def load(path: str | Path, expect_model: dict[str, Any] | None = None) -> tuple[
     try:
         meta = json.loads((d / META).read_text())
     except (OSError, ValueError):
-        raise CheckpointError(f"checkpoint {d}: missing or unreadable {META} (not a wxray checkpoint?)")
+        raise CheckpointError(f"checkpoint {d}: missing or unreadable {META} (not a wxray checkpoint?)") from None
     if meta.get("format") != FORMAT:
         raise CheckpointError(f"checkpoint {d}: format {meta.get('format')!r}, expected {FORMAT!r}")
     if expect_model is not None:
@@ -54,7 +54,7 @@ def load(path: str | Path, expect_model: dict[str, Any] | None = None) -> tuple[
         state = torch.load(d / STATE, map_location="cpu", weights_only=True)
     except Exception as e:
         raise CheckpointError(f"checkpoint {d}/{STATE} is corrupt or not a weights-only torch file "
-                              f"({type(e).__name__})")
+                              f"({type(e).__name__})") from None
     if not isinstance(state, dict) or "model" not in state:
         raise CheckpointError(f"checkpoint {d}/{STATE}: expected a dict with a 'model' entry")
     return state, meta
@@ -65,4 +65,4 @@ def load_model_weights(model: torch.nn.Module, state: dict[str, Any], where: str
         model.load_state_dict(state["model"])
     except RuntimeError as e:
         first = str(e).splitlines()[1].strip() if len(str(e).splitlines()) > 1 else str(e)
-        raise CheckpointError(f"checkpoint {where}: weights do not fit this model ({first})")
+        raise CheckpointError(f"checkpoint {where}: weights do not fit this model ({first})") from None

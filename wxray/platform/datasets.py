@@ -37,7 +37,7 @@ class DataConfig(WindowConfig):
     sample_trajectories: int = 4
     sample_seed: int = 0
     batch_size: int = 8
-    read_batch_size: int = 4  # windows per read task call
+    read_batch_size: int = 16  # windows per read task (one block)
     read_cpus: float = 0.25  # CPU share of one read task; small so reads run beside Train workers
     shuffle_seed: int = 0
     progress_bars: bool = False  # Ray Data's per-operator progress bars
@@ -84,7 +84,8 @@ def window_dataset(spec: WindowSpec, anchors: np.ndarray, read_batch_size: int =
     import ray.data
 
     items = [{"anchor": int(a)} for a in anchors]
-    n_blocks = num_blocks or max(1, min(len(items), 8 * max(1, len(items) // 64 + 1)))
+    # One read call per block: per-task overhead is paid once per `read_batch_size` windows.
+    n_blocks = num_blocks or -(-len(items) // read_batch_size)
     ds = ray.data.from_items(items, override_num_blocks=max(1, min(n_blocks, len(items) or 1)))
     return ds.map_batches(_read_windows, fn_kwargs={"spec": spec}, batch_size=read_batch_size,
                           batch_format="numpy", num_cpus=read_cpus)

@@ -35,7 +35,7 @@ class JobContext:
 
 
 def default_out_dir(job: str) -> Path:
-    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
     return Path("runs") / job / stamp
 
 

@@ -28,9 +28,9 @@ class Reporter:
     def log(self, metrics: dict[str, float], step: int) -> None:
         if self._client is None:
             return
-        from mlflow.entities import Metric
-
         import time
+
+        from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
         batch = [Metric(k, float(v), now, step) for k, v in metrics.items()

@@ -31,7 +31,7 @@ def check_model(cfg: TrainSparseConfig, data: WindowData) -> torch.nn.Module:
     try:
         model = build_forecaster(cfg.model, data.spec)
     except ValueError as e:
-        raise ConfigError(f"model: {e}")
+        raise ConfigError(f"model: {e}") from None
     if cfg.train.init_from:
         state, _ = checkpoints.load(cfg.train.init_from, expect_model=model_identity(cfg.model, data.spec))
         checkpoints.load_model_weights(model, state, cfg.train.init_from)

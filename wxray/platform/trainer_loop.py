@@ -233,7 +233,8 @@ def train_fn_per_worker(config: dict[str, Any]) -> None:
                 reporter.log(m, step)
         elapsed = time.perf_counter() - t_epoch
         metrics = {"epoch": epoch, "step": step, "train/world_size": world,
-                   "train/fsdp_sharded": float(_is_sharded(model)), "train/epoch_loss": float(np.mean(losses)) if losses else float("nan"),
+                   "train/fsdp_sharded": float(_is_sharded(model)),
+                   "train/epoch_loss": float(np.mean(losses)) if losses else float("nan"),
                    "train/epoch_samples_per_s_per_worker": n_samples / max(elapsed, 1e-9)}
         if val_shard is not None:
             metrics.update(validate(model, val_shard.iter_torch_batches(batch_size=cfg.data.batch_size,

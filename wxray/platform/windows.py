@@ -141,7 +141,7 @@ def _parse_range(text: str, key: str) -> tuple[np.datetime64, np.datetime64]:
         a, b = text.split("/")
         return np.datetime64(pd.Timestamp(a), "ns"), np.datetime64(pd.Timestamp(b), "ns")
     except ValueError:
-        raise ConfigError(f"data.{key} must be 'start/end' dates (e.g. 2000-01-01/2000-03-01), got {text!r}")
+        raise ConfigError(f"data.{key} must be 'start/end' dates (e.g. 2000-01-01/2000-03-01), got {text!r}") from None
 
 
 def split_anchors(ds: xr.Dataset, anchors: np.ndarray, cfg: WindowConfig) -> dict[str, np.ndarray]:

@@ -1,0 +1,32 @@
+"""Fixtures of the data-layer tests: job runners (helpers are in data_helpers.py)."""
+
+from __future__ import annotations
+
+import pytest
+from data_helpers import JobRun, load_job
+
+from wxray.platform.job import run_job
+
+
+@pytest.fixture(scope="session")
+def prepare_job():
+    return load_job("prepare_data")
+
+
+@pytest.fixture(scope="session")
+def sample_job():
+    return load_job("make_sample_data")
+
+
+@pytest.fixture
+def run_prepare(prepare_job, capsys, tmp_path):
+    """Run jobs/prepare_data.py's main through run_job (tracking off, run dir in tmp_path)."""
+
+    def run(*argv: str) -> JobRun:
+        capsys.readouterr()
+        rc = run_job("prepare_data", prepare_job.PrepareDataConfig, prepare_job.main,
+                     [*argv, f"out_dir={tmp_path / 'run'}", "tracking.enabled=false"])
+        cap = capsys.readouterr()
+        return JobRun(rc, cap.out, cap.err)
+
+    return run
