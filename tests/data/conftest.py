@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from data_helpers import JobRun, load_job
+from tests.data.data_helpers import JobRun, load_job
 
 from wxray.platform.job import run_job
 

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import xarray as xr
-from data_helpers import ERAINT, MEMBERS, assert_failed_cleanly, synthetic, to_store_order
+from tests.data.data_helpers import ERAINT, MEMBERS, assert_failed_cleanly, synthetic, to_store_order
 
 import wxray.data.writer as writer
 from wxray.data.convert import convert_source
