@@ -6,6 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # CPU machines take the local CPU wheel; a bare `torch` requirement would pull a multi-GB CUDA build.
 TORCH_SPEC ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo "torch>=2.4" || echo "torch==2.13.0")
+HARMONICS_SPEC ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo "torch-harmonics>=0.8,<0.10" || echo "torch-harmonics==0.8.0")
 PYTEST_ARGS ?=
 
 .PHONY: setup demo test test-fast lint bench mlflow-ui clean
@@ -15,7 +16,9 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q "$(TORCH_SPEC)"
+	$(BIN)/pip install -q "$(TORCH_SPEC)" "setuptools>=69" wheel
+	# torch-harmonics >= 0.9.3 requires torch 2.14 (a CUDA build); 0.8.0 builds against the torch above.
+	$(BIN)/pip install -q --no-build-isolation "$(HARMONICS_SPEC)"
 	$(BIN)/pip install -q -e ".[dev]"
 	touch $(STAMP)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sqlite3  # noqa: F401  (before any cfgrib/eccodes import: see wxray/__init__.py)
 
 import pytest
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from tests.data.data_helpers import JobRun, load_job
 
+from tests.data.data_helpers import JobRun, load_job
 from wxray.platform.job import run_job
 
 

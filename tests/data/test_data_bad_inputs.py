@@ -9,9 +9,9 @@ import warnings
 import numpy as np
 import pytest
 import xarray as xr
-from tests.data.data_helpers import CORRUPTED, ERAINT, MEMBERS, MISSING_GRIB, ROOT, assert_failed_cleanly, synthetic
 
 import wxray.data.writer as writer
+from tests.data.data_helpers import CORRUPTED, ERAINT, MEMBERS, MISSING_GRIB, ROOT, assert_failed_cleanly, synthetic
 from wxray.data.schema import open_stats
 
 

@@ -10,9 +10,9 @@ import numpy as np
 import pandas as pd
 import pytest
 import xarray as xr
-from tests.data.data_helpers import ERAINT, MEMBERS, assert_failed_cleanly, synthetic, to_store_order
 
 import wxray.data.writer as writer
+from tests.data.data_helpers import ERAINT, MEMBERS, assert_failed_cleanly, synthetic, to_store_order
 from wxray.data.convert import convert_source
 from wxray.data.schema import open_stats, open_store
 

@@ -1,0 +1,23 @@
+#!/usr/bin/env python
+"""Score a forecast zarr against a truth store: scorecard (netCDF + CSV), plots, MLflow, RESULT line.
+
+    python jobs/evaluate.py forecast=<zarr> truth=<store> [baseline=<zarr>|persistence] [variables=[...]]
+    python jobs/evaluate.py --config configs/evaluate.yaml truth=<store> make_persistence=true leads=[6,24]
+
+Every option is a field of `wxray.verify.evaluate.EvaluateConfig`; bad input exits 2 with a one-line error.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from wxray.platform.job import run_job
+from wxray.verify.evaluate import EvaluateConfig, evaluate
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_job("evaluate", EvaluateConfig, evaluate, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,272 @@
+"""jobs/evaluate.py end to end: scorecard, plots, MLflow and RESULT on persistence, a nested ensemble and
+the real ERA5 members; every bad input is a one-line error with exit status 2 and no output left."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import xarray as xr
+
+from tests.verify.conftest import ERA5_MEMBERS, make_store, nested_forecast
+from wxray.data.schema import open_store
+from wxray.platform.job import run_job
+from wxray.verify import crps_fair, persistence_forecast, rmse, truth_at
+from wxray.verify.evaluate import EvaluateConfig, evaluate
+
+ROOT = Path(__file__).resolve().parents[2]
+CHANNELS = ("geopotential_500", "geopotential_850", "2m_temperature")
+
+
+@pytest.fixture(scope="module")
+def store_path(tmp_path_factory) -> Path:
+    return make_store(tmp_path_factory.mktemp("store") / "store.zarr")
+
+
+def _write(ds: xr.Dataset, path: Path) -> str:
+    ds.to_zarr(path, mode="w", zarr_format=3, consolidated=False)
+    return str(path)
+
+
+def _run(argv: list[str], capsys) -> tuple[int, dict | None, str]:
+    rc = run_job("evaluate", EvaluateConfig, evaluate, argv=argv)
+    out, err = capsys.readouterr()
+    lines = [ln for ln in out.splitlines() if ln.startswith("RESULT ")]
+    return rc, json.loads(lines[-1][len("RESULT "):]) if lines else None, err
+
+
+def _persistence(store_path: Path, tmp_path: Path, n_init: int = 16, leads=(6, 24)) -> str:
+    ds = open_store(store_path)
+    return _write(persistence_forecast(ds, ds.time.values[:n_init], list(leads)), tmp_path / "persistence.zarr")
+
+
+def test_persistence_scorecard_plots_mlflow_and_result(store_path, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # MLflow's default artifact root (./mlruns) is relative to the cwd
+    forecast = _persistence(store_path, tmp_path)
+    out_dir = tmp_path / "run"
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    rc, result, err = _run([f"forecast={forecast}", f"truth={store_path}", f"out_dir={out_dir}",
+                            f"tracking.uri={uri}", "n_bootstrap=300"], capsys)
+    assert rc == 0, err
+    for name in ("scorecard.nc", "scorecard.csv", "summary.json", "plots/score_rmse.png", "plots/score_crps.png",
+                 "plots/score_acc.png", "plots/maps_geopotential_500.png"):
+        assert (out_dir / name).is_file(), name
+    assert result["n_members"] == 1 and result["n_init"] == 16 and result["nan_points"] == 0
+    for ch in CHANNELS:  # persistence loses skill with lead
+        assert 0 < result[f"rmse.{ch}.6h"] < result[f"rmse.{ch}.24h"]
+        assert 1 >= result[f"acc.{ch}.6h"] > result[f"acc.{ch}.24h"]
+    card = xr.open_dataset(out_dir / "scorecard.nc").load()
+    value = card["value"]
+    # A deterministic forecast's CRPS is its absolute error: proper-score comparisons with ensembles.
+    np.testing.assert_allclose(value.sel(metric="crps"), value.sel(metric="mae"), rtol=1e-12)
+    assert bool((card["ci_lower"] <= value).all() & (value <= card["ci_upper"]).all())
+    assert int(card["block_length"].min()) >= 1 and "rank_histogram" not in card
+    # The scorecard's RMSE is the independent library path: sqrt of the time-mean latitude-weighted MSE.
+    ds = open_store(store_path)
+    fc = xr.open_zarr(forecast, consolidated=False)
+    lead = np.timedelta64(24, "h")
+    t = truth_at(ds["2m_temperature"], fc.init_time.values, lead, "t2m").astype(np.float64)
+    direct = float(rmse(fc["2m_temperature"].sel(lead_time=lead).astype(np.float64), t, time_dims=["init_time"]))
+    assert float(value.sel(channel="2m_temperature", metric="rmse", lead_time=lead)) == pytest.approx(direct)
+    table = pd.read_csv(out_dir / "scorecard.csv")
+    assert {"channel", "lead_hours", "metric", "value", "ci_lower", "ci_upper", "n_init"} <= set(table.columns)
+    assert len(table) == 3 * 2 * 6  # channels x leads x (rmse, bias, mae, acc, ssim, crps)
+
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    run_id = result["mlflow_run_id"]
+    history = client.get_metric_history(run_id, "rmse.geopotential_500")
+    assert sorted(m.step for m in history) == [6, 24]
+    artifacts = {a.path for a in client.list_artifacts(run_id)}
+    assert {"scorecard.nc", "scorecard.csv", "plots", "summary.json"} <= artifacts
+    assert any(a.path.endswith("score_rmse.png") for a in client.list_artifacts(run_id, "plots"))
+    assert (tmp_path / "mlruns").is_dir()
+
+
+def test_nested_ensemble_against_persistence_baseline(store_path, tmp_path, capsys):
+    ds = open_store(store_path)
+    inits = ds.time.values[:16]
+    forecast = _write(nested_forecast(ds, inits, [6, 24], m=3, n=4), tmp_path / "nested.zarr")
+    out_dir = tmp_path / "run"
+    rc, result, err = _run([f"forecast={forecast}", f"truth={store_path}", "baseline=persistence",
+                            f"out_dir={out_dir}", "tracking.enabled=false", "n_bootstrap=300"], capsys)
+    assert rc == 0, err
+    assert result["n_members"] == 12 and result["n_significant_better"] > 0
+    card = xr.open_dataset(out_dir / "scorecard.nc").load()
+    v = card["value"]
+    np.testing.assert_allclose(v.sel(metric="ssr_enc") ** 2 + v.sel(metric="ssr_drop") ** 2,
+                               v.sel(metric="ssr_total") ** 2, rtol=1e-10)
+    # sigma_b = 0.5, sigma_w = 1: the dropout share is 0.8; ~8000 points per lead, sampling sd ~0.01.
+    np.testing.assert_allclose(v.sel(metric="rho_drop"), 0.8, atol=0.05)
+    # Truth and members are exchangeable draws, but the encoder draw is shared by N members, so the
+    # ensemble-mean error variance is sb^2 (1 + 1/M) + sw^2 (1 + 1/K), not (1 + 1/K)(sb^2 + sw^2).
+    k, m, sb2, sw2 = 12, 3, 0.25, 1.0
+    expected = np.sqrt((k + 1) / k) * np.sqrt((sb2 + sw2) / (sb2 * (1 + 1 / m) + sw2 * (1 + 1 / k)))
+    np.testing.assert_allclose(v.sel(metric="ssr_total"), expected, atol=0.08)
+    day = np.timedelta64(24, "h")
+    for metric in ("rmse", "crps"):
+        sel = card.sel(metric=metric, lead_time=day)
+        assert bool((sel["rel_diff"] < 0).all()) and bool((sel["significant"] == 1).all())
+        assert bool((sel["rel_ci_upper"] < 0).all())
+    hist = card["rank_histogram"]
+    assert hist.sizes["rank"] == 13
+    np.testing.assert_allclose(hist.sum("rank"), 1.0)
+    for name in ("spread_skill.png", "rank_histogram.png", "score_crps.png", "maps_2m_temperature.png"):
+        assert (out_dir / "plots" / name).is_file(), name
+
+
+def test_real_era5_members_against_held_out_member_and_their_mean(tmp_path, capsys):
+    grib = str(ERA5_MEMBERS)
+    # Member 0 of the ERA5 EDA is the unperturbed control; hold out a perturbed one.
+    rc, result, err = _run([f"forecast={grib}", f"truth={grib}", "truth_member=5", f"out_dir={tmp_path / 'a'}",
+                            "tracking.enabled=false", "n_bootstrap=200", "plots=false"], capsys)
+    assert rc == 0, err
+    assert result["n_members"] == 9 and result["n_init"] == 4 and "acc.temperature_500.0h" not in result
+    card = xr.open_dataset(tmp_path / "a" / "scorecard.nc").load()
+    members = xr.open_dataset(grib, engine="cfgrib", backend_kwargs={"indexpath": ""})
+    members = members.rename(number="member", isobaricInhPa="level").sortby("latitude").astype(np.float64)
+    others = [i for i in range(10) if i != 5]
+    direct = crps_fair(members["t"].isel(member=others), members["t"].isel(member=5), "member")
+    ours = card["value"].sel(channel="temperature_850", metric="crps").item()
+    assert ours == pytest.approx(float(direct.sel(level=850).mean("time")), rel=1e-10)
+    # EDA members are exchangeable, so a held-out member looks like a draw from the ensemble: SSR ~ 1.
+    ssr = card["value"].sel(metric="ssr").values
+    assert np.all((ssr > 0.85) & (ssr < 1.15)), ssr
+    rc, result, err = _run([f"forecast={grib}", f"truth={grib}", "truth_member=mean", f"out_dir={tmp_path / 'b'}",
+                            "tracking.enabled=false", "n_bootstrap=200", "plots=false"], capsys)
+    assert rc == 0, err
+    assert result["n_members"] == 10
+    for ch in ("geopotential_500", "temperature_850"):  # the ensemble mean has no error against itself
+        assert result[f"rmse.{ch}.0h"] < 1e-6 * result[f"crps.{ch}.0h"]
+
+
+def _coarse(ds):
+    return ds.isel(latitude=slice(None, None, 2), longitude=slice(None, None, 2))
+
+
+def _one_member(ds):
+    return ds.expand_dims(member=1, axis=2)
+
+
+def _nested(m, n):
+    def make(ds):
+        return ds.expand_dims(encoder_draw=m, dropout_draw=n).transpose("init_time", "lead_time", ...) + 0.0
+    return make
+
+
+def _with_nan(ds):
+    ds = ds.load()
+    ds["2m_temperature"][2, 1, 3, 4] = np.nan
+    return ds
+
+
+BAD_FORECASTS = [
+    (_coarse, [], "grid 8x16 differs from the truth grid 16x32 (set regrid=true"),
+    (_one_member, [], "member dim 'member' has 1 entries; need at least 2 members"),
+    (_nested(1, 3), [], "need at least 2 groups for the ANOVA split"),
+    (_nested(3, 1), [], "need at least 2 replicates for the ANOVA split"),
+    (_with_nan, [], "'2m_temperature' lead 24 h: 1 NaN values in forecast or truth (set skipna=true"),
+    (lambda ds: ds.isel(init_time=slice(0, 3)), [], "3 initialisations are too few for the block bootstrap"),
+    (lambda ds: ds, ["variables=[vorticity]"], "variable 'vorticity' not found"),
+    (lambda ds: ds, ["n_bootstrap=10"], "config key 'n_bootstrap' must be at least 100"),
+    (lambda ds: ds, ["truth_member=first"], "config key 'truth_member'"),
+]
+
+
+@pytest.mark.parametrize("change, extra, message", BAD_FORECASTS)
+def test_bad_input_is_a_one_line_error_and_leaves_nothing(store_path, tmp_path, capsys, change, extra, message):
+    ds = open_store(store_path)
+    fc = persistence_forecast(ds, ds.time.values[:12], [6, 24])
+    forecast = _write(change(fc), tmp_path / "bad.zarr")
+    out_dir = tmp_path / "run"
+    rc, result, err = _run([f"forecast={forecast}", f"truth={store_path}", f"out_dir={out_dir}",
+                            "tracking.enabled=false", "n_bootstrap=100", *extra], capsys)
+    assert rc == 2 and result is None
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], err
+    assert not out_dir.exists()
+
+
+def test_lead_without_truth_and_missing_forecast(store_path, tmp_path, capsys):
+    ds = open_store(store_path)
+    late = _write(persistence_forecast(ds, ds.time.values[-8:], [24]), tmp_path / "late.zarr")
+    rc, _, err = _run([f"forecast={late}", f"truth={store_path}", f"out_dir={tmp_path / 'a'}",
+                       "tracking.enabled=false"], capsys)
+    assert rc == 2 and "no truth at lead 24 h for 4 of 8 initialisations" in err and late in err
+    rc, _, err = _run([f"forecast={tmp_path / 'nope.zarr'}", f"truth={store_path}", f"out_dir={tmp_path / 'b'}",
+                       "tracking.enabled=false"], capsys)
+    assert rc == 2 and "nope.zarr does not exist" in err
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_regrid_and_skipna_recover(store_path, tmp_path, capsys):
+    ds = open_store(store_path)
+    fc = persistence_forecast(ds, ds.time.values[:12], [6, 24])
+    coarse = _write(_coarse(fc), tmp_path / "coarse.zarr")
+    rc, result, err = _run([f"forecast={coarse}", f"truth={store_path}", "regrid=true", "plots=false",
+                            f"out_dir={tmp_path / 'a'}", "tracking.enabled=false", "n_bootstrap=100"], capsys)
+    assert rc == 0, err
+    assert np.isfinite(result["rmse.geopotential_500.24h"])
+    holes = _write(_with_nan(fc), tmp_path / "holes.zarr")
+    rc, result, err = _run([f"forecast={holes}", f"truth={store_path}", "skipna=true", "plots=false",
+                            f"out_dir={tmp_path / 'b'}", "tracking.enabled=false", "n_bootstrap=100"], capsys)
+    assert rc == 0, err
+    assert result["nan_points"] == 1 and np.isfinite(result["rmse.2m_temperature.24h"])
+    card = xr.open_dataset(tmp_path / "b" / "scorecard.nc")
+    assert int(card["nan_points"].sel(channel="2m_temperature")) == 1
+
+
+def test_make_persistence_option(store_path, tmp_path, capsys):
+    rc, result, err = _run([f"truth={store_path}", "make_persistence=true", "leads=[6,12]", "plots=false",
+                            f"out_dir={tmp_path / 'a'}", "tracking.enabled=false", "n_bootstrap=100",
+                            "variables=[2m_temperature]"], capsys)
+    assert rc == 0, err
+    assert result["n_init"] == 24 - 2 and result["n_channels"] == 1
+    assert result["crps.2m_temperature.12h"] > result["crps.2m_temperature.6h"]
+
+
+def test_job_script_exits_non_zero_with_one_line_on_bad_input(store_path, tmp_path):
+    ds = open_store(store_path)
+    forecast = _write(_coarse(persistence_forecast(ds, ds.time.values[:12], [6])), tmp_path / "coarse.zarr")
+    out_dir = tmp_path / "run"
+    proc = subprocess.run([sys.executable, str(ROOT / "jobs" / "evaluate.py"), f"forecast={forecast}",
+                           f"truth={store_path}", f"out_dir={out_dir}", "tracking.enabled=false"],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: forecast {forecast}: grid 8x16"), proc.stderr
+    assert "RESULT" not in proc.stdout and not out_dir.exists()
+
+
+def test_shipped_config_loads_and_validates():
+    from wxray.config import load_config
+    from wxray.errors import ConfigError
+
+    cfg = load_config(EvaluateConfig, ["--config", str(ROOT / "configs" / "evaluate.yaml"), "truth=s.zarr",
+                                       "forecast=f.zarr", "variables=[geopotential]", "levels=[500]"])
+    assert cfg.n_bootstrap == 5000 and cfg.variables == ["geopotential"] and cfg.levels == [500]
+    with pytest.raises(ConfigError, match="exactly one of forecast"):
+        load_config(EvaluateConfig, ["truth=s.zarr"])
+    with pytest.raises(ConfigError, match="unknown config key 'bootstrap'"):
+        load_config(EvaluateConfig, ["truth=s.zarr", "forecast=f.zarr", "bootstrap=3"])
+
+
+def test_baseline_file_must_share_initialisations(store_path, tmp_path, capsys):
+    ds = open_store(store_path)
+    forecast = _write(persistence_forecast(ds, ds.time.values[:12], [6]), tmp_path / "f.zarr")
+    short = _write(persistence_forecast(ds, ds.time.values[:8], [6]), tmp_path / "short.zarr")
+    rc, _, err = _run([f"forecast={forecast}", f"truth={store_path}", f"baseline={short}",
+                       f"out_dir={tmp_path / 'a'}", "tracking.enabled=false"], capsys)
+    assert rc == 2 and f"baseline {short}: lacks 4 of the forecast's init_time values" in err
+    rc, result, err = _run([f"forecast={forecast}", f"truth={store_path}", f"baseline={forecast}", "plots=false",
+                            f"out_dir={tmp_path / 'b'}", "tracking.enabled=false", "n_bootstrap=100"], capsys)
+    assert rc == 0, err
+    # A forecast compared with itself: zero difference, never significant.
+    assert result["n_compared"] > 0 and result["n_significant_better"] == result["n_significant_worse"] == 0
+    assert result["mean_rel_diff.rmse"] == 0.0

@@ -1,0 +1,52 @@
+"""Verification: WeatherBench 2 style scores over xarray with named dims, and their statistics.
+
+No Ray here: these are plain functions over per-lead fields and per-initialisation score series, so
+the same code scores a forecast on a laptop or inside a Ray task.
+"""
+
+from wxray.verify.deterministic import acc, bias, climatology_at, mae, mse, rmse, ssim
+from wxray.verify.ensemble import (
+    DROPOUT_DRAW,
+    ENCODER_DRAW,
+    MEMBER,
+    MEMBER_DIMS,
+    branch_spread_skill,
+    crps,
+    crps_ecdf,
+    crps_fair,
+    crps_field,
+    ensemble_mean,
+    ensemble_mean_rmse,
+    ensemble_size,
+    ensemble_variance,
+    finite_size_factor,
+    flatten_members,
+    nested_anova,
+    nested_spread_skill,
+    rank_histogram,
+    spread,
+    spread_skill_from_means,
+    spread_skill_ratio,
+)
+from wxray.verify.forecasts import open_forecast, open_truth, persistence_forecast, regrid_like, truth_at
+from wxray.verify.inference import (
+    bartlett_long_run_variance,
+    block_bootstrap,
+    circular_block_indices,
+    correlation_length,
+    diebold_mariano,
+    lag1_autocorrelation,
+    wilks_block_length,
+)
+from wxray.verify.spatial import REGIONS, Region, latitude_weights, region_mask, spatial_mean
+
+__all__ = [
+    "DROPOUT_DRAW", "ENCODER_DRAW", "MEMBER", "MEMBER_DIMS", "REGIONS", "Region",
+    "acc", "bartlett_long_run_variance", "bias", "block_bootstrap", "branch_spread_skill",
+    "circular_block_indices", "climatology_at", "correlation_length", "crps", "crps_ecdf", "crps_fair",
+    "crps_field", "diebold_mariano", "ensemble_mean", "ensemble_mean_rmse", "ensemble_size",
+    "ensemble_variance", "finite_size_factor", "flatten_members", "lag1_autocorrelation",
+    "latitude_weights", "mae", "mse", "nested_anova", "nested_spread_skill", "open_forecast", "open_truth",
+    "persistence_forecast", "rank_histogram", "region_mask", "regrid_like", "rmse", "spatial_mean", "spread",
+    "spread_skill_from_means", "spread_skill_ratio", "ssim", "truth_at", "wilks_block_length",
+]

@@ -1,0 +1,266 @@
+"""Ensemble scores over named member dims, and the nested random-effects ANOVA split.
+
+Member dims are always named (`member`, or the nested `encoder_draw` x `dropout_draw` of the
+stochastic-encoder ensemble). A metric that needs a single member dim flattens nested dims only when
+it is given a tuple of dims: nothing is flattened behind the caller's back, because the ANOVA split
+needs the nesting that a silent flatten would destroy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import xarray as xr
+from scores.probability import rank_histogram as _scores_rank_histogram
+
+from wxray.data.schema import LAT, LON
+from wxray.errors import DataError
+from wxray.verify.deterministic import RegionLike, mse
+from wxray.verify.spatial import latitude_weights, region_mask, spatial_mean
+
+MEMBER = "member"
+ENCODER_DRAW = "encoder_draw"
+DROPOUT_DRAW = "dropout_draw"
+MEMBER_DIMS = (MEMBER, ENCODER_DRAW, DROPOUT_DRAW)
+
+MemberDims = str | Sequence[str]
+
+
+def member_dims_of(da: xr.DataArray | xr.Dataset) -> tuple[str, ...]:
+    """The ensemble dims present, in the canonical order."""
+    return tuple(d for d in MEMBER_DIMS if d in da.dims)
+
+
+def flatten_members(da: xr.DataArray, dims: Sequence[str] = (ENCODER_DRAW, DROPOUT_DRAW),
+                    new_dim: str = MEMBER) -> xr.DataArray:
+    """Stack nested member dims into one dim `new_dim` numbered 0..K-1 (encoder draw outermost)."""
+    dims = tuple(dims)
+    missing = [d for d in dims if d not in da.dims]
+    if missing:
+        raise DataError(f"{da.name or 'forecast'}: no member dim(s) {missing} to flatten (dims: {da.dims})")
+    if len(dims) == 1:
+        return da if dims[0] == new_dim else da.rename({dims[0]: new_dim})
+    if new_dim in da.dims:
+        raise DataError(f"{da.name or 'forecast'}: cannot flatten {dims} into '{new_dim}', which exists")
+    out = da.stack({new_dim: dims}, create_index=False)
+    out = out.drop_vars([d for d in dims if d in out.coords])
+    return out.assign_coords({new_dim: np.arange(out.sizes[new_dim])})
+
+
+def _member_dim(da: xr.DataArray, member_dim: MemberDims) -> tuple[xr.DataArray, str]:
+    if isinstance(member_dim, str):
+        if member_dim not in da.dims:
+            raise DataError(f"{da.name or 'forecast'}: no member dim '{member_dim}' (dims: {da.dims})")
+        return da, member_dim
+    dims = tuple(member_dim)
+    if len(dims) == 1:
+        return _member_dim(da, dims[0])
+    return flatten_members(da, dims), MEMBER
+
+
+def ensemble_size(da: xr.DataArray, member_dim: MemberDims = MEMBER) -> int:
+    dims = (member_dim,) if isinstance(member_dim, str) else tuple(member_dim)
+    return int(np.prod([da.sizes[d] for d in dims]))
+
+
+def _require_members(da: xr.DataArray, dim: str, what: str) -> int:
+    k = da.sizes[dim]
+    if k < 2:
+        raise DataError(f"{da.name or 'forecast'}: {what} needs at least 2 members, '{dim}' has {k}")
+    return k
+
+
+def _paired(forecast: xr.DataArray, truth: xr.DataArray, dim: str,
+            skipna: bool) -> tuple[xr.DataArray, xr.DataArray]:
+    # A point counts only where the truth and every member are present, so that a missing member does
+    # not silently turn a K-member CRPS into a (K-1)-member one at some points.
+    if not skipna:
+        return forecast, truth
+    valid = forecast.notnull().all(dim) & truth.notnull()
+    return forecast.where(valid), truth.where(valid)
+
+
+def _pairwise_abs_sum(x: xr.DataArray, dim: str) -> xr.DataArray:
+    """sum_ij |x_i - x_j| in O(K log K): with x sorted, it is 2 sum_i (2i - K - 1) x_(i), i = 1..K."""
+    k = x.sizes[dim]
+    xs = xr.apply_ufunc(np.sort, x, input_core_dims=[[dim]], output_core_dims=[[dim]], kwargs={"axis": -1})
+    coeff = xr.DataArray(2.0 * np.arange(1, k + 1) - k - 1, dims=[dim])
+    return 2 * (xs * coeff).sum(dim, skipna=False)
+
+
+def crps_field(forecast: xr.DataArray, truth: xr.DataArray, member_dim: MemberDims = MEMBER,
+               fair: bool = True, skipna: bool = False) -> xr.DataArray:
+    """Pointwise ensemble CRPS: mean_i |x_i - y| - sum_ij |x_i - x_j| / (2 K(K-1)) (fair) or / (2 K^2) (ECDF).
+
+    The fair form is the unbiased estimate of the CRPS of the distribution the members are drawn from
+    (Ferro 2014), so it does not reward a small ensemble for being under-dispersed.
+    """
+    forecast, dim = _member_dim(forecast, member_dim)
+    k = _require_members(forecast, dim, "fair CRPS") if fair else forecast.sizes[dim]
+    f, t = _paired(forecast, truth, dim, skipna)
+    abs_term = abs(f - t).mean(dim, skipna=False)
+    norm = 2.0 * k * (k - 1) if fair else 2.0 * k * k
+    return (abs_term - _pairwise_abs_sum(f, dim) / norm).rename("crps")
+
+
+def crps_fair(forecast: xr.DataArray, truth: xr.DataArray, member_dim: MemberDims = MEMBER,
+              region: RegionLike = None, skipna: bool = False) -> xr.DataArray:
+    return spatial_mean(crps_field(forecast, truth, member_dim, True, skipna), region, skipna).rename("crps")
+
+
+def crps_ecdf(forecast: xr.DataArray, truth: xr.DataArray, member_dim: MemberDims = MEMBER,
+              region: RegionLike = None, skipna: bool = False) -> xr.DataArray:
+    field = crps_field(forecast, truth, member_dim, False, skipna)
+    return spatial_mean(field, region, skipna).rename("crps_ecdf")
+
+
+def crps(forecast: xr.DataArray, truth: xr.DataArray, member_dim: MemberDims | None = None,
+         region: RegionLike = None, skipna: bool = False) -> xr.DataArray:
+    """The proper score of any forecast: fair CRPS of an ensemble, absolute error of a deterministic one.
+
+    A deterministic forecast is a one-member ensemble whose CRPS is its absolute error, so this score
+    compares deterministic and probabilistic forecasts on the same footing.
+    """
+    if member_dim is None or ensemble_size(forecast, member_dim) == 1:
+        if member_dim is not None:
+            forecast = forecast.squeeze((member_dim,) if isinstance(member_dim, str) else tuple(member_dim))
+        err = abs(forecast - truth)
+        if skipna:
+            err = err.where(forecast.notnull() & truth.notnull())
+        return spatial_mean(err, region, skipna).rename("crps")
+    return crps_fair(forecast, truth, member_dim, region, skipna)
+
+
+def ensemble_mean(forecast: xr.DataArray, member_dim: MemberDims = MEMBER,
+                  skipna: bool = False) -> xr.DataArray:
+    dims = [member_dim] if isinstance(member_dim, str) else list(member_dim)
+    missing = [d for d in dims if d not in forecast.dims]
+    if missing:
+        raise DataError(f"{forecast.name or 'forecast'}: no member dim(s) {missing} (dims: {forecast.dims})")
+    return forecast.mean(dims, skipna=skipna)
+
+
+def ensemble_variance(forecast: xr.DataArray, member_dim: MemberDims = MEMBER) -> xr.DataArray:
+    """Pointwise unbiased (ddof=1) variance across members."""
+    forecast, dim = _member_dim(forecast, member_dim)
+    _require_members(forecast, dim, "ensemble spread")
+    return forecast.var(dim, ddof=1, skipna=False).rename("variance")
+
+
+def _time_mean(da: xr.DataArray, time_dims: Sequence[str], skipna: bool) -> xr.DataArray:
+    return da.mean(list(time_dims), skipna=skipna) if time_dims else da
+
+
+def spread(forecast: xr.DataArray, member_dim: MemberDims = MEMBER, time_dims: Sequence[str] = (),
+           region: RegionLike = None, skipna: bool = False) -> xr.DataArray:
+    """sqrt of the mean ensemble variance (variance averaged over space and `time_dims` before the root)."""
+    var = spatial_mean(ensemble_variance(forecast, member_dim), region, skipna)
+    return np.sqrt(_time_mean(var, time_dims, skipna)).rename("spread")
+
+
+def ensemble_mean_rmse(forecast: xr.DataArray, truth: xr.DataArray, member_dim: MemberDims = MEMBER,
+                       time_dims: Sequence[str] = (), region: RegionLike = None,
+                       skipna: bool = False) -> xr.DataArray:
+    err = mse(ensemble_mean(forecast, member_dim, skipna), truth, region, skipna)
+    return np.sqrt(_time_mean(err, time_dims, skipna)).rename("rmse")
+
+
+def finite_size_factor(n_members: int) -> float:
+    """sqrt((K+1)/K): a calibrated K-member ensemble's mean has error variance (1 + 1/K) sigma^2."""
+    return float(np.sqrt((n_members + 1) / n_members))
+
+
+def spread_skill_from_means(mean_variance, mean_mse, n_members: int):
+    """Spread-skill ratio from already averaged variance and ensemble-mean MSE (arrays or scalars).
+
+    Works on bootstrap resamples, which is why it takes means rather than fields.
+    """
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return finite_size_factor(n_members) * np.sqrt(mean_variance / mean_mse)
+
+
+def spread_skill_ratio(forecast: xr.DataArray, truth: xr.DataArray, member_dim: MemberDims = MEMBER,
+                       time_dims: Sequence[str] = (), region: RegionLike = None,
+                       skipna: bool = False) -> xr.DataArray:
+    """sqrt((K+1)/K) * spread / ensemble-mean RMSE: 1 for a calibrated ensemble of any size K."""
+    k = ensemble_size(forecast, member_dim)
+    var = spatial_mean(ensemble_variance(forecast, member_dim), region, skipna)
+    err = mse(ensemble_mean(forecast, member_dim, skipna), truth, region, skipna)
+    var, err = _time_mean(var, time_dims, skipna), _time_mean(err, time_dims, skipna)
+    return xr.DataArray(spread_skill_from_means(var, err, k)).rename("spread_skill_ratio")
+
+
+def rank_histogram(forecast: xr.DataArray, truth: xr.DataArray, member_dim: MemberDims = MEMBER,
+                   preserve_dims: Sequence[str] = (), region: RegionLike = None) -> xr.DataArray:
+    """Latitude-weighted relative frequency of the truth's rank among the members (ties shared equally).
+
+    Delegates to `scores.probability.rank_histogram`; the weights are those of `spatial_mean`.
+    """
+    forecast, dim = _member_dim(forecast, member_dim)
+    _require_members(forecast, dim, "a rank histogram")
+    weights = latitude_weights(forecast[LAT]) * xr.ones_like(forecast[LON], dtype=np.float64)
+    mask = region_mask(region, forecast[LAT], forecast[LON])
+    if mask is not None:
+        weights = weights.where(mask, 0.0)
+    keep = list(preserve_dims) if preserve_dims else None
+    out = _scores_rank_histogram(forecast, truth, dim, preserve_dims=keep, weights=weights)
+    return out.rename("rank_histogram")
+
+
+def nested_anova(forecast: xr.DataArray, group_dim: str = ENCODER_DRAW, replicate_dim: str = DROPOUT_DRAW,
+                 clip: bool = True) -> xr.Dataset:
+    """One-way random-effects ANOVA split of a nested M x N ensemble, pointwise.
+
+    MS_B = N/(M-1) sum_i (ybar_i - ybar)^2, MS_W = sum_ij (y_ij - ybar_i)^2 / (M(N-1)),
+    U_drop = MS_W, U_enc = max(0, (MS_B - MS_W)/N). The MS_W/N subtraction removes the dropout noise
+    every group mean still carries; without it the encoder share is overstated. The clip at zero makes
+    U_enc slightly biased upwards when the true encoder variance is small (`clip=False` keeps the
+    unbiased, possibly negative estimate). rho_drop = U_drop / (U_enc + U_drop).
+    """
+    name = forecast.name or "forecast"
+    for dim in (group_dim, replicate_dim):
+        if dim not in forecast.dims:
+            raise DataError(f"{name}: the ANOVA split needs dim '{dim}' (dims: {forecast.dims})")
+    m, n = forecast.sizes[group_dim], forecast.sizes[replicate_dim]
+    if m < 2:
+        raise DataError(f"{name}: the ANOVA split needs at least 2 groups along '{group_dim}', got {m}")
+    if n < 2:
+        raise DataError(f"{name}: the ANOVA split needs at least 2 replicates along '{replicate_dim}', "
+                        f"got {n}")
+    group_mean = forecast.mean(replicate_dim)
+    grand_mean = group_mean.mean(group_dim)
+    ms_b = n / (m - 1) * ((group_mean - grand_mean) ** 2).sum(group_dim)
+    ms_w = ((forecast - group_mean) ** 2).sum([group_dim, replicate_dim]) / (m * (n - 1))
+    u_enc = (ms_b - ms_w) / n
+    if clip:
+        u_enc = u_enc.clip(min=0.0)
+    u_total = u_enc + ms_w
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rho_drop = ms_w / u_total
+    return xr.Dataset({"ms_b": ms_b, "ms_w": ms_w, "u_enc": u_enc, "u_drop": ms_w, "u_total": u_total,
+                       "rho_drop": rho_drop})
+
+
+def branch_spread_skill(mean_u_enc, mean_u_drop, mean_mse, n_members: int) -> dict[str, object]:
+    """Per-branch spread-skill ratios sharing the ensemble-mean RMSE as denominator.
+
+    Each branch's spread is sqrt(U); the shared denominator and U_total = U_enc + U_drop make
+    ssr_enc^2 + ssr_drop^2 = ssr_total^2 exactly.
+    """
+    return {"ssr_enc": spread_skill_from_means(mean_u_enc, mean_mse, n_members),
+            "ssr_drop": spread_skill_from_means(mean_u_drop, mean_mse, n_members),
+            "ssr_total": spread_skill_from_means(mean_u_enc + mean_u_drop, mean_mse, n_members)}
+
+
+def nested_spread_skill(forecast: xr.DataArray, truth: xr.DataArray, group_dim: str = ENCODER_DRAW,
+                        replicate_dim: str = DROPOUT_DRAW, time_dims: Sequence[str] = (),
+                        region: RegionLike = None, skipna: bool = False) -> xr.Dataset:
+    """ANOVA components (space- and time-averaged) with per-branch and total spread-skill ratios."""
+    parts = nested_anova(forecast, group_dim, replicate_dim)
+    k = ensemble_size(forecast, (group_dim, replicate_dim))
+    u_enc = _time_mean(spatial_mean(parts["u_enc"], region, skipna), time_dims, skipna)
+    u_drop = _time_mean(spatial_mean(parts["u_drop"], region, skipna), time_dims, skipna)
+    err = mse(ensemble_mean(forecast, (group_dim, replicate_dim), skipna), truth, region, skipna)
+    ratios = branch_spread_skill(u_enc, u_drop, _time_mean(err, time_dims, skipna), k)
+    return xr.Dataset({"u_enc": u_enc, "u_drop": u_drop, "rho_drop": u_drop / (u_enc + u_drop), **ratios})

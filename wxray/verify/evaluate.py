@@ -1,0 +1,213 @@
+"""The evaluate job: config, input checks, scorecard, outputs (jobs/evaluate.py is a thin wrapper).
+
+    python jobs/evaluate.py forecast=fc.zarr truth=store.zarr [baseline=other.zarr|persistence] \
+        [variables=[geopotential]] [levels=[500]] [regrid=true] [skipna=true] [n_bootstrap=5000]
+
+Everything is scored before anything is written, and each output is written atomically, so a bad
+input leaves no partial scorecard behind.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import xarray as xr
+
+from wxray.data.schema import TIME, channels
+from wxray.errors import ConfigError, DataError
+from wxray.io import atomic_path
+from wxray.platform.job import JobContext
+from wxray.platform.tracking import TrackingConfig
+from wxray.verify.forecasts import (
+    INIT,
+    LEAD,
+    check_grid,
+    drop_member,
+    open_forecast,
+    open_truth,
+    persistence_forecast,
+    same_grid,
+    truth_at,
+)
+from wxray.verify.plots import write_plots
+from wxray.verify.scorecard import Model, build_scorecard, scorecard_table
+from wxray.verify.spatial import REGIONS
+
+HEADLINE_METRICS = ("rmse", "crps", "ssr", "acc")
+
+
+@dataclass
+class EvaluateConfig:
+    forecast: str = ""  # forecast zarr (or netCDF/GRIB) in the init_time x lead_time convention
+    truth: str = ""  # a wxray store, or an ERA5 netCDF/GRIB file with a time dim
+    baseline: str = ""  # a second forecast, or "persistence" (from the truth at the same inits)
+    variables: list[str] = field(default_factory=list)  # empty: every forecast variable the truth has
+    levels: list[int] = field(default_factory=list)  # empty: every level of the forecast
+    region: str = "global"
+    regrid: bool = False  # interpolate forecast/baseline onto the truth grid instead of failing
+    skipna: bool = False  # skip NaN points (counted in the scorecard) instead of failing
+    truth_member: str = ""  # truth with members: "mean" or a held-out member index
+    make_persistence: bool = False  # score persistence built from the truth instead of `forecast`
+    leads: list[int] = field(default_factory=lambda: [24])  # hours, for make_persistence
+    n_bootstrap: int = 5000
+    confidence: float = 0.95
+    significance: float = 0.05
+    seed: int = 0
+    plots: bool = True
+    out_dir: str = ""
+    run_name: str = ""
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+
+    def validate(self) -> None:
+        if bool(self.forecast) == self.make_persistence:
+            raise ConfigError("give exactly one of forecast=<zarr> or make_persistence=true")
+        if not self.truth:
+            raise ConfigError("config key 'truth' is required (a store or an ERA5 netCDF/GRIB file)")
+        if self.n_bootstrap < 100:
+            raise ConfigError(f"config key 'n_bootstrap' must be at least 100, got {self.n_bootstrap}")
+        for key in ("confidence", "significance"):
+            if not 0 < getattr(self, key) < 1:
+                raise ConfigError(f"config key '{key}' must lie strictly between 0 and 1")
+        if self.truth_member not in ("", "mean") and not self.truth_member.isdigit():
+            raise ConfigError(f"config key 'truth_member' expects '', 'mean' or a member index, "
+                              f"got {self.truth_member!r}")
+        if self.region not in REGIONS:
+            raise ConfigError(f"config key 'region' expects one of {', '.join(REGIONS)}, got {self.region!r}")
+        if self.make_persistence and (not self.leads or min(self.leads) < 0):
+            raise ConfigError("config key 'leads' needs at least one non-negative lead in hours")
+
+
+def _prepare(ds: xr.Dataset, truth: xr.Dataset, name: str, regrid: bool) -> xr.Dataset:
+    inits = pd.DatetimeIndex(ds[INIT].values)
+    if inits.has_duplicates:
+        raise DataError(f"{name}: duplicate init_time values")
+    ds = ds.sortby(INIT).sortby(LEAD)  # the serial-correlation estimates assume time order
+    return check_grid(ds, truth, name, regrid)
+
+
+def _same_file(a: str, b: str) -> bool:
+    return bool(a) and Path(a).resolve() == Path(b).resolve()
+
+
+def _persistence_inits(truth: xr.Dataset, leads_h: list[int]) -> np.ndarray:
+    times = pd.DatetimeIndex(truth[TIME].values)
+    span = np.timedelta64(max(leads_h), "h")
+    inits = times[times + span <= times.max()]
+    inits = inits[(inits + span).isin(times)]
+    if len(inits) == 0:
+        raise DataError(f"truth: no init time has truth {max(leads_h)} h later "
+                        f"(truth covers {times.min()} to {times.max()})")
+    return inits.values
+
+
+def load_inputs(cfg: EvaluateConfig):
+    """Forecast model, baseline model (or None), truth, climatology and channels, all checked."""
+    truth, climatology = open_truth(cfg.truth, cfg.truth_member)
+    if climatology is not None and not same_grid(climatology, truth):
+        raise DataError(f"truth {cfg.truth}: stats/climatology is on a different grid than the truth")
+    if cfg.make_persistence:
+        inits = _persistence_inits(truth, cfg.leads)
+        data = persistence_forecast(truth, inits, cfg.leads, cfg.variables or None)
+        forecast = Model("persistence", data)
+    else:
+        data = open_forecast(cfg.forecast)
+        if _same_file(cfg.forecast, cfg.truth):
+            data = drop_member(data, cfg.truth_member)  # score against a held-out member, not itself
+        forecast = Model(f"forecast {cfg.forecast}", data)
+    forecast.data = _prepare(forecast.data, truth, forecast.name, cfg.regrid)
+    names = cfg.variables or [v for v in forecast.data.data_vars if v in truth.data_vars]
+    if not names:
+        raise DataError(f"{forecast.name}: no variable in common with truth {cfg.truth} "
+                        f"(forecast has {', '.join(map(str, forecast.data.data_vars))})")
+    chans = channels(forecast.data, names, cfg.levels, source=forecast.name)
+    for ch in chans:
+        levels = [ch.level] if ch.level is not None else []
+        channels(truth, [ch.variable], levels, source=f"truth {cfg.truth}")
+    inits, leads = forecast.data[INIT].values, forecast.data[LEAD].values
+    for lead in leads:  # fail on a lead without truth before any scoring
+        truth_at(truth[chans[0].variable], inits, lead, f"{forecast.name} '{chans[0].name}'")
+    baseline = None
+    if cfg.baseline == "persistence":
+        baseline = Model("baseline persistence", persistence_forecast(truth, inits, leads, names))
+    elif cfg.baseline:
+        baseline = Model(f"baseline {cfg.baseline}", open_forecast(cfg.baseline))
+        baseline.data = _prepare(baseline.data, truth, baseline.name, cfg.regrid)
+        channels(baseline.data, names, cfg.levels, source=baseline.name)
+        for dim, wanted in ((INIT, inits), (LEAD, leads)):
+            missing = pd.Index(wanted).difference(pd.Index(baseline.data[dim].values))
+            if len(missing):
+                raise DataError(f"{baseline.name}: lacks {len(missing)} of the forecast's {dim} values "
+                                f"(first: {missing[0]}); comparisons need identical inits and leads")
+        baseline.data = baseline.data.sel({INIT: inits, LEAD: leads})
+    return forecast, baseline, truth, climatology, chans
+
+
+def headline(card: xr.Dataset) -> dict[str, Any]:
+    """RESULT figures: the main scores at the first and last lead, and the comparison counts."""
+    hours = card[LEAD].values / np.timedelta64(1, "h")
+    out: dict[str, Any] = {"n_channels": card.sizes["channel"], "leads_h": [float(h) for h in hours],
+                           "n_init": int(card["n_init"].min()), "nan_points": int(card["nan_points"].sum())}
+    out["n_members"] = int(card.attrs["n_members"])
+    for metric in HEADLINE_METRICS:
+        if metric not in card["metric"].values:
+            continue
+        for ch in card["channel"].values:
+            for j in sorted({0, len(hours) - 1}):
+                v = float(card["value"].sel(channel=ch, metric=metric).isel({LEAD: j}))
+                if np.isfinite(v):
+                    out[f"{metric}.{ch}.{hours[j]:g}h"] = v
+    if "significant" in card:
+        sig, rel = card["significant"], card["rel_diff"]
+        better = xr.where(card["higher_is_better"] == 1, rel > 0, rel < 0)
+        out["n_compared"] = int(np.isfinite(sig).sum())
+        out["n_significant_better"] = int(((sig == 1) & better).sum())
+        out["n_significant_worse"] = int(((sig == 1) & ~better).sum())
+        for metric in ("rmse", "crps"):
+            if metric in card["metric"].values:
+                out[f"mean_rel_diff.{metric}"] = float(rel.sel(metric=metric).mean())
+    return out
+
+
+def _log_metrics(card: xr.Dataset, ctx: JobContext) -> None:
+    # One MLflow metric per channel and score with the lead in hours as the step: curves vs lead.
+    hours = card[LEAD].values / np.timedelta64(1, "h")
+    for j, h in enumerate(hours):
+        values = {}
+        for ch in card["channel"].values:
+            for m in card["metric"].values:
+                values[f"{m}.{ch}"] = float(card["value"].sel(channel=ch, metric=m).isel({LEAD: j}))
+                if "rel_diff" in card:
+                    rel = card["rel_diff"].sel(channel=ch, metric=m).isel({LEAD: j})
+                    values[f"rel_{m}.{ch}"] = float(rel)
+        ctx.tracker.log_metrics(values, step=int(round(h)))
+
+
+def evaluate(cfg: EvaluateConfig, ctx: JobContext) -> dict[str, Any]:
+    forecast, baseline, truth, climatology, chans = load_inputs(cfg)
+    card = build_scorecard(forecast, truth, chans, climatology=climatology, baseline=baseline,
+                           region=None if cfg.region == "global" else cfg.region, skipna=cfg.skipna,
+                           n_bootstrap=cfg.n_bootstrap, confidence=cfg.confidence,
+                           significance=cfg.significance, seed=cfg.seed)
+    card.attrs.update(forecast=forecast.name, truth=cfg.truth, baseline=baseline.name if baseline else "",
+                      n_members=forecast.n_members(), member_dims=",".join(forecast.member_dims),
+                      region=cfg.region, n_bootstrap=cfg.n_bootstrap, confidence=cfg.confidence,
+                      significance=cfg.significance,
+                      acc="yes" if climatology is not None else "no climatology")
+    out = ctx.out_dir
+    if cfg.plots:
+        with atomic_path(out / "plots") as tmp:
+            write_plots(card, tmp)
+    with atomic_path(out / "scorecard.nc") as tmp:
+        card.to_netcdf(tmp)
+    with atomic_path(out / "scorecard.csv") as tmp:
+        scorecard_table(card).to_csv(tmp, index=False, float_format="%.6g")
+    for name in ("scorecard.nc", "scorecard.csv"):
+        ctx.tracker.log_artifact(out / name)
+    if cfg.plots:
+        ctx.tracker.log_artifact(out / "plots", artifact_path="plots")
+    _log_metrics(card, ctx)
+    return {**headline(card), "scorecard": str(out / "scorecard.nc")}

@@ -1,0 +1,215 @@
+"""Forecast and truth datasets for verification: opening, conventions, alignment, persistence.
+
+Forecast convention: dims `init_time`, `lead_time` (timedelta), optional member dims (`member`, or
+`encoder_draw` x `dropout_draw`), optional `level`, `latitude` (ascending), `longitude` ([0, 360)).
+The truth is a store (wxray.data.schema) or any ERA5 file (netCDF, GRIB) with a `time` dim, looked up
+at valid time init + lead.
+"""
+
+from __future__ import annotations
+
+# Bind Python's sqlite3 to the system SQLite before cfgrib loads ecCodes, whose eckitlib wheel exports an
+# old bundled SQLite (3.26) globally; MLflow's sqlite tracking store would then refuse to start.
+import sqlite3  # noqa: F401  isort: skip
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import xarray as xr
+
+from wxray.data.schema import COORD_ALIASES, LAT, LEVEL, LON, SHORT_NAMES, TIME, open_store
+from wxray.errors import DataError
+from wxray.verify.ensemble import MEMBER, MEMBER_DIMS
+
+INIT, LEAD = "init_time", "lead_time"
+GRIB_SUFFIXES = (".grib", ".grb", ".grib1", ".grib2", ".grb2")
+NETCDF_SUFFIXES = (".nc", ".nc4", ".netcdf", ".cdf")
+# ERA5 ensemble files number their members; cfgrib calls the forecast step `step`.
+EXTRA_ALIASES = {"number": MEMBER, "ensemble_member": MEMBER, "realization": MEMBER, "step": LEAD}
+
+
+def _first_line(e: Exception) -> str:
+    return (f"{type(e).__name__}: {e}".splitlines() or [type(e).__name__])[0]
+
+
+def open_any(path: str | Path, what: str) -> xr.Dataset:
+    """Open a zarr directory, a netCDF or a GRIB file (GRIB without writing an index beside it)."""
+    p = Path(path)
+    if not p.exists():
+        raise DataError(f"{what} {p} does not exist")
+    try:
+        if p.is_dir():
+            return xr.open_zarr(p, consolidated=False)
+        if p.suffix.lower() in GRIB_SUFFIXES:
+            return xr.open_dataset(p, engine="cfgrib", backend_kwargs={"indexpath": ""},
+                                   decode_timedelta=True)
+        if p.suffix.lower() in NETCDF_SUFFIXES:
+            return xr.open_dataset(p, decode_timedelta=True)
+    except Exception as e:  # the backends raise many types for a foreign or damaged file
+        raise DataError(f"{what} {p} cannot be read ({_first_line(e)})") from None
+    raise DataError(f"{what} {p}: unknown format (expected a zarr directory, netCDF or GRIB file)")
+
+
+def normalise(ds: xr.Dataset, time_dim: str = TIME) -> xr.Dataset:
+    """Long variable names, standard coord names, ascending latitude, longitude in [0, 360), int levels."""
+    aliases = {**COORD_ALIASES, **EXTRA_ALIASES}
+    if time_dim != TIME:
+        aliases["time"] = time_dim
+    if "valid_time" in ds.coords and (TIME in ds.dims or time_dim in ds.dims or "time" in ds.dims):
+        ds = ds.drop_vars("valid_time")  # cfgrib's derived coordinate; the dim is the reference
+    ds = ds.rename({k: v for k, v in aliases.items() if k in ds.variables and v not in ds.variables})
+    ds = ds.rename_vars({k: v for k, v in SHORT_NAMES.items() if k in ds.data_vars and v not in ds.variables})
+    if LON in ds.coords and ds[LON].ndim == 1:
+        ds = ds.assign_coords({LON: ds[LON] % 360}).sortby(LON)
+    if LAT in ds.coords and ds[LAT].ndim == 1:
+        ds = ds.sortby(LAT)
+    if LEVEL in ds.coords and ds[LEVEL].ndim == 1:
+        ds = ds.assign_coords({LEVEL: ds[LEVEL].values.astype(np.int64)})
+    scalar = [c for c in ds.coords if c not in ds.dims and ds[c].ndim == 0 and c != LEAD]
+    return ds.drop_vars(scalar)
+
+
+def to_forecast_convention(ds: xr.Dataset, source: str) -> xr.Dataset:
+    ds = normalise(ds, time_dim=INIT)
+    if INIT not in ds.dims:
+        raise DataError(f"forecast {source}: no '{INIT}' dimension (dims: {', '.join(map(str, ds.dims))})")
+    if LEAD not in ds.dims:
+        if LEAD in ds.coords and ds[LEAD].ndim == 0:  # an analysis or single-step file
+            ds = ds.expand_dims(LEAD)
+        else:
+            dims = ", ".join(map(str, ds.dims))
+            raise DataError(f"forecast {source}: no '{LEAD}' dimension (dims: {dims})")
+    if not np.issubdtype(ds[LEAD].dtype, np.timedelta64):
+        raise DataError(f"forecast {source}: '{LEAD}' must be a timedelta, got {ds[LEAD].dtype}")
+    known = {INIT, LEAD, LEVEL, LAT, LON, *MEMBER_DIMS}
+    for name, var in ds.data_vars.items():
+        extra = [d for d in var.dims if d not in known]
+        if extra:
+            raise DataError(f"forecast {source}: variable '{name}' has unknown dim(s) {extra} "
+                            f"(member dims must be named one of {', '.join(MEMBER_DIMS)})")
+    for dim in (LAT, LON):
+        if dim not in ds.dims:
+            raise DataError(f"forecast {source}: missing dimension '{dim}'")
+    ds = ds.drop_vars([c for c in ds.coords if c not in ds.dims])
+    return ds.transpose(*[d for d in (INIT, LEAD, *MEMBER_DIMS) if d in ds.dims], ..., LAT, LON)
+
+
+def open_forecast(path: str | Path) -> xr.Dataset:
+    return to_forecast_convention(open_any(path, "forecast"), str(path))
+
+
+def open_truth(path: str | Path, member: str = "") -> tuple[xr.Dataset, xr.Dataset | None]:
+    """The truth dataset (store conventions) and its climatology (None when it has none).
+
+    A truth file with ensemble members (e.g. ERA5 EDA) needs `member`: "mean" for the ensemble mean, or
+    an integer for one member (the held-out member when it is also the forecast).
+    """
+    p = Path(path)
+    climatology = None
+    if p.is_dir():
+        ds = open_store(p)
+        try:
+            climatology = xr.open_zarr(p, group="stats/climatology", consolidated=False)
+        except Exception:  # a store without a climatology group: ACC is not applicable
+            climatology = None
+    else:
+        ds = open_any(p, "truth")
+    ds = normalise(ds)
+    if TIME not in ds.dims:
+        raise DataError(f"truth {p}: no '{TIME}' dimension (dims: {', '.join(map(str, ds.dims))})")
+    members = [d for d in MEMBER_DIMS if d in ds.dims]
+    if members:
+        ds = select_truth_member(ds, members, member, str(p))
+    elif member:
+        raise DataError(f"truth {p} has no member dim but truth_member={member!r} was given")
+    return ds.drop_vars([c for c in ds.coords if c not in ds.dims]), climatology
+
+
+def select_truth_member(ds: xr.Dataset, dims: Sequence[str], member: str, source: str) -> xr.Dataset:
+    if not member:
+        raise DataError(f"truth {source} has member dim(s) {list(dims)}: set truth_member=mean or an index")
+    if member == "mean":  # in float64, like the forecast's ensemble mean it will be compared with
+        return ds.astype(np.float64).mean(list(dims), keep_attrs=True)
+    if len(dims) != 1 or not member.lstrip("-").isdigit():
+        raise DataError(f"truth {source}: truth_member must be 'mean' or a member index, got {member!r}")
+    k = ds.sizes[dims[0]]
+    idx = int(member)
+    if not 0 <= idx < k:
+        raise DataError(f"truth {source}: truth_member {idx} out of range (has {k} members)")
+    return ds.isel({dims[0]: idx})
+
+
+def drop_member(forecast: xr.Dataset, member: str) -> xr.Dataset:
+    """The forecast without the held-out truth member (when forecast and truth are the same file)."""
+    if not member.isdigit() or MEMBER not in forecast.dims:
+        return forecast
+    keep = [i for i in range(forecast.sizes[MEMBER]) if i != int(member)]
+    return forecast.isel({MEMBER: keep})
+
+
+def same_grid(a: xr.Dataset | xr.DataArray, b: xr.Dataset | xr.DataArray) -> bool:
+    return all(a.sizes[d] == b.sizes[d] and np.allclose(a[d].values, b[d].values, atol=1e-6)
+               for d in (LAT, LON))
+
+
+def regrid_like(forecast: xr.Dataset, target: xr.Dataset | xr.DataArray) -> xr.Dataset:
+    """Bilinear interpolation onto the target grid, periodic in longitude (no gap at 0/360 degrees).
+
+    Target rows poleward of the source's outermost latitudes take the value of that outermost row.
+    """
+    lon, lat = forecast[LON].values, forecast[LAT].values
+    padded = xr.concat([forecast.isel({LON: [-1]}).assign_coords({LON: [lon[-1] - 360.0]}), forecast,
+                        forecast.isel({LON: [0]}).assign_coords({LON: [lon[0] + 360.0]})], dim=LON)
+    edges = []
+    if lat[0] > -90:
+        edges.append(padded.isel({LAT: [0]}).assign_coords({LAT: [-90.0]}))
+    edges.append(padded)
+    if lat[-1] < 90:
+        edges.append(padded.isel({LAT: [-1]}).assign_coords({LAT: [90.0]}))
+    padded = xr.concat(edges, dim=LAT) if len(edges) > 1 else padded
+    return padded.interp({LAT: target[LAT].values, LON: target[LON].values}, method="linear")
+
+
+def check_grid(forecast: xr.Dataset, truth: xr.Dataset, source: str, regrid: bool) -> xr.Dataset:
+    if same_grid(forecast, truth):
+        return forecast.assign_coords({LAT: truth[LAT].values, LON: truth[LON].values})
+    if not regrid:
+        raise DataError(
+            f"{source}: grid {forecast.sizes[LAT]}x{forecast.sizes[LON]} differs from the truth grid "
+            f"{truth.sizes[LAT]}x{truth.sizes[LON]} (set regrid=true to interpolate onto the truth grid)")
+    return regrid_like(forecast, truth)
+
+
+def truth_at(truth: xr.DataArray, init_times: np.ndarray, lead: np.timedelta64, what: str) -> xr.DataArray:
+    """Truth at valid time init + lead, with dim `init_time`; every valid time must exist."""
+    valid = pd.DatetimeIndex(np.asarray(init_times) + lead)
+    have = pd.DatetimeIndex(truth[TIME].values)
+    missing = valid.difference(have)
+    if len(missing):
+        hours = lead / np.timedelta64(1, "h")
+        raise DataError(f"{what}: no truth at lead {hours:g} h for {len(missing)} of {len(valid)} "
+                        f"initialisations (first valid time missing: {missing[0]}; truth covers "
+                        f"{have.min()} to {have.max()})")
+    out = truth.sel({TIME: valid.values})
+    return out.rename({TIME: INIT}).assign_coords({INIT: np.asarray(init_times)})
+
+
+def persistence_forecast(store_ds: xr.Dataset, init_times: Sequence | np.ndarray,
+                         leads: Sequence | np.ndarray, variables: Sequence[str] | None = None) -> xr.Dataset:
+    """Persistence: the state at init_time, unchanged, for every lead (forecast convention).
+
+    `leads` are timedeltas (or hours as numbers). Only variables with a time dim are kept.
+    """
+    inits = pd.DatetimeIndex(np.asarray(init_times, dtype="datetime64[ns]"))
+    # np.timedelta64 subclasses np.integer, so test for timedeltas first.
+    lead_td = np.array([x if isinstance(x, (np.timedelta64, pd.Timedelta)) else np.timedelta64(int(x), "h")
+                        for x in leads], dtype="timedelta64[ns]")
+    names = list(variables) if variables else [v for v in store_ds.data_vars if TIME in store_ds[v].dims]
+    missing = inits.difference(pd.DatetimeIndex(store_ds[TIME].values))
+    if len(missing):
+        raise DataError(f"persistence: init time {missing[0]} not in the store ({len(missing)} missing)")
+    state = store_ds[names].sel({TIME: inits.values}).rename({TIME: INIT})
+    state = state.drop_vars([c for c in state.coords if c not in state.dims])
+    out = state.expand_dims({LEAD: lead_td}, axis=1)
+    return out.transpose(INIT, LEAD, ...).assign_attrs(source="persistence")

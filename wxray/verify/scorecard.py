@@ -1,0 +1,305 @@
+"""The scorecard: every applicable score per channel x lead, with block-bootstrap CIs and paired tests.
+
+Layout (an xarray Dataset, written as netCDF; `scorecard_table` gives the same as a long CSV table):
+
+* dims `channel` (e.g. "geopotential_500"), `lead_time` (timedelta), `metric`, and where they apply
+  `rank` (1..K+1) and `latitude` x `longitude`;
+* `value`, `ci_lower`, `ci_upper` (channel, lead_time, metric): aggregate over initialisations and its
+  percentile interval from a circular moving-block bootstrap (paired across all series);
+* `n_init`, `block_length` (channel, lead_time): series length and the correlation length used;
+* with a baseline: `baseline_value`, `baseline_ci_lower/upper`, `rel_diff` = value/baseline - 1 with
+  `rel_ci_lower/upper`, and `dm_statistic`, `dm_p_value`, `significant` (1/0; NaN: not compared);
+* `rank_histogram` (channel, lead_time, rank), `crps_map` and `spread_map` (time-mean maps);
+* `nan_points` (channel): points skipped with skipna.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import xarray as xr
+
+from wxray.data.schema import LAT, LON, Channel, select_channel
+from wxray.errors import DataError
+from wxray.verify import deterministic as det
+from wxray.verify import ensemble as ens
+from wxray.verify.forecasts import INIT, LEAD, truth_at
+from wxray.verify.inference import (
+    block_bootstrap,
+    check_series_length,
+    circular_block_indices,
+    correlation_length,
+    diebold_mariano,
+)
+from wxray.verify.spatial import spatial_mean
+
+
+@dataclass(frozen=True)
+class Metric:
+    name: str
+    inputs: tuple[str, ...]  # per-initialisation series the aggregate is computed from
+    aggregate: Callable[..., np.ndarray]  # reduces the last (initialisation) axis
+    loss: str | None = None  # series a paired test compares; None: no comparison with a baseline
+    higher_is_better: bool = False
+
+
+def _mean(x: np.ndarray) -> np.ndarray:
+    return x.mean(axis=-1)
+
+
+def _root_mean(x: np.ndarray) -> np.ndarray:
+    return np.sqrt(x.mean(axis=-1))
+
+
+def metrics_for(n_members: int, nested: bool, has_climatology: bool) -> list[Metric]:
+    """The metrics that apply to a forecast with K members (K = 1: deterministic)."""
+    out = [Metric("rmse", ("mse",), _root_mean, loss="mse"), Metric("bias", ("bias",), _mean),
+           Metric("mae", ("mae",), _mean, loss="mae")]
+    if has_climatology:
+        out.append(Metric("acc", ("acc",), _mean, loss="acc", higher_is_better=True))
+    out += [Metric("ssim", ("ssim",), _mean, loss="ssim", higher_is_better=True),
+            Metric("crps", ("crps",), _mean, loss="crps")]
+    if n_members >= 2:
+        def ssr(var, err):
+            return ens.spread_skill_from_means(var.mean(-1), err.mean(-1), n_members)
+
+        out += [Metric("crps_ecdf", ("crps_ecdf",), _mean), Metric("spread", ("variance",), _root_mean),
+                Metric("ssr", ("variance", "mse"), ssr)]
+    if nested:
+        def branch(key):
+            def f(u_enc, u_drop, err):
+                return ens.branch_spread_skill(u_enc.mean(-1), u_drop.mean(-1), err.mean(-1), n_members)[key]
+            return f
+
+        def rho(u_enc, u_drop):
+            with np.errstate(divide="ignore", invalid="ignore"):
+                return u_drop.mean(-1) / (u_enc.mean(-1) + u_drop.mean(-1))
+
+        out += [Metric("u_enc", ("u_enc",), _mean), Metric("u_drop", ("u_drop",), _mean),
+                Metric("rho_drop", ("u_enc", "u_drop"), rho)]
+        out += [Metric(k, ("u_enc", "u_drop", "mse"), branch(k))
+                for k in ("ssr_enc", "ssr_drop", "ssr_total")]
+    return out
+
+
+def score_series(forecast: xr.DataArray, truth: xr.DataArray, climatology: xr.DataArray | None,
+                 member_dims: tuple[str, ...], region, skipna: bool):
+    """Per-initialisation series (spatial means), time-mean maps and the rank histogram of one lead."""
+    mean = ens.ensemble_mean(forecast, member_dims) if member_dims else forecast
+    s = {"mse": det.mse(mean, truth, region, skipna), "bias": det.bias(mean, truth, region, skipna),
+         "mae": det.mae(mean, truth, region, skipna), "ssim": det.ssim(mean, truth, region, skipna)}
+    if climatology is not None:
+        s["acc"] = det.acc(mean, truth, climatology, region, skipna)
+    maps, hist = {}, None
+    if member_dims:
+        flat = ens.flatten_members(forecast, member_dims) if len(member_dims) > 1 else forecast
+        dim = ens.MEMBER if len(member_dims) > 1 else member_dims[0]
+        field = ens.crps_field(flat, truth, dim, fair=True, skipna=skipna)
+        var = ens.ensemble_variance(flat, dim)
+        s["crps"] = spatial_mean(field, region, skipna)
+        s["crps_ecdf"] = ens.crps_ecdf(flat, truth, dim, region, skipna)
+        s["variance"] = spatial_mean(var, region, skipna)
+        maps["spread_map"] = np.sqrt(var.mean(INIT, skipna=skipna))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # scores warns on NaN members, already accounted for by skipna
+            hist = ens.rank_histogram(flat, truth, dim, region=region)
+        if set(member_dims) >= {ens.ENCODER_DRAW, ens.DROPOUT_DRAW}:
+            parts = ens.nested_anova(forecast, ens.ENCODER_DRAW, ens.DROPOUT_DRAW)
+            s["u_enc"] = spatial_mean(parts["u_enc"], region, skipna)
+            s["u_drop"] = spatial_mean(parts["u_drop"], region, skipna)
+    else:
+        field = abs(mean - truth)  # a deterministic forecast's CRPS: its absolute error
+        s["crps"] = spatial_mean(field, region, skipna)
+    maps["crps_map"] = field.mean(INIT, skipna=skipna)
+    series = {k: np.asarray(v.transpose(INIT).values, dtype=np.float64) for k, v in s.items()}
+    return series, maps, hist
+
+
+def _interval(series: dict[str, np.ndarray], metric: Metric, idx: np.ndarray, confidence: float):
+    arrays = [series[k] for k in metric.inputs]
+    if not all(np.isfinite(a).all() for a in arrays):
+        return np.nan, np.nan, np.nan
+    ci = block_bootstrap(arrays, metric.aggregate, confidence=confidence, indices=idx)
+    return float(ci.estimate), float(ci.lower), float(ci.upper)
+
+
+def _relative(sf: dict, sb: dict, metric: Metric, idx: np.ndarray, confidence: float):
+    k = len(metric.inputs)
+    arrays = [sf[i] for i in metric.inputs] + [sb[i] for i in metric.inputs]
+    if not all(np.isfinite(a).all() for a in arrays):
+        return np.nan, np.nan, np.nan
+
+    def rel(*a):
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return metric.aggregate(*a[:k]) / metric.aggregate(*a[k:]) - 1
+
+    ci = block_bootstrap(arrays, rel, confidence=confidence, indices=idx)
+    return float(ci.estimate), float(ci.lower), float(ci.upper)
+
+
+@dataclass
+class Model:
+    """One forecast to score: its dataset (forecast convention, on the truth grid) and member layout."""
+
+    name: str
+    data: xr.Dataset
+
+    @property
+    def member_dims(self) -> tuple[str, ...]:
+        return ens.member_dims_of(self.data)
+
+    def n_members(self) -> int:
+        return ens.ensemble_size(self.data, self.member_dims) if self.member_dims else 1
+
+    def check_members(self) -> None:
+        if ens.MEMBER in self.member_dims and len(self.member_dims) > 1:
+            raise DataError(f"{self.name}: has both '{ens.MEMBER}' and nested member dims "
+                            f"{list(self.member_dims[1:])}; use one layout")
+        for d in self.member_dims:
+            if self.data.sizes[d] < 2:
+                kind = {ens.ENCODER_DRAW: "groups for the ANOVA split", ens.DROPOUT_DRAW:
+                        "replicates for the ANOVA split"}.get(d, "members for ensemble scores")
+                raise DataError(f"{self.name}: member dim '{d}' has {self.data.sizes[d]} entries; need at "
+                                f"least 2 {kind} (drop the dim to score a deterministic forecast)")
+
+
+def _nan_count(*arrays: xr.DataArray) -> int:
+    return int(sum(int(a.isnull().sum()) for a in arrays))
+
+
+BASELINE_FIELDS = ("baseline_value", "baseline_ci_lower", "baseline_ci_upper", "rel_diff", "rel_ci_lower",
+                   "rel_ci_upper", "dm_statistic", "dm_p_value", "significant")
+
+
+@dataclass
+class _Settings:
+    region: object
+    skipna: bool
+    n_bootstrap: int
+    confidence: float
+    significance: float
+
+
+def _score_lead(models: list[Model], metric_sets: list[list[Metric]], fields: list[xr.DataArray],
+                truth: xr.DataArray, clim: xr.DataArray | None, what: str, cfg: _Settings,
+                rng: np.random.Generator) -> tuple[dict[str, np.ndarray], dict, object, int, int]:
+    """All metrics of one channel at one lead: {field: values per metric}, maps, histogram, n, ell."""
+    results = [score_series(f, truth, clim, m.member_dims, cfg.region, cfg.skipna)
+               for f, m in zip(fields, models)]
+    series = [r[0] for r in results]
+    if cfg.skipna:  # an initialisation with no valid point at all drops out of every series (paired)
+        keep = np.logical_and.reduce([np.isfinite(v) for s in series for v in s.values()])
+        series = [{k: v[keep] for k, v in s.items()} for s in series]
+    n = len(next(iter(series[0].values())))
+    lengths = [int(correlation_length(v)) for s in series for v in s.values() if np.isfinite(v).all()]
+    ell = max(lengths, default=1)
+    check_series_length(n, ell, what)
+    idx = circular_block_indices(n, ell, cfg.n_bootstrap, rng)
+    names = [m.name for m in metric_sets[0]]
+    row = {k: np.full(len(names), np.nan) for k in ("value", "ci_lower", "ci_upper")}
+    if len(models) > 1:
+        row.update({k: np.full(len(names), np.nan) for k in BASELINE_FIELDS})
+    by_name = [{m.name: m for m in ms} for ms in metric_sets]
+    for i, name in enumerate(names):
+        metric = by_name[0][name]
+        v = _interval(series[0], metric, idx, cfg.confidence)
+        row["value"][i], row["ci_lower"][i], row["ci_upper"][i] = v
+        if len(models) == 1 or metric.loss is None or name not in by_name[1]:
+            continue
+        b = _interval(series[1], by_name[1][name], idx, cfg.confidence)
+        row["baseline_value"][i], row["baseline_ci_lower"][i], row["baseline_ci_upper"][i] = b
+        r = _relative(series[0], series[1], metric, idx, cfg.confidence)
+        row["rel_diff"][i], row["rel_ci_lower"][i], row["rel_ci_upper"][i] = r
+        loss_f, loss_b = series[0][metric.loss], series[1][metric.loss]
+        if np.isfinite(loss_f).all() and np.isfinite(loss_b).all():
+            dm = diebold_mariano(loss_f, loss_b, lag=ell)
+            row["dm_statistic"][i], row["dm_p_value"][i] = float(dm.statistic), float(dm.p_value)
+            row["significant"][i] = float(np.nan_to_num(dm.p_value, nan=1.0) < cfg.significance)
+    return row, results[0][1], results[0][2], n, ell
+
+
+def build_scorecard(forecast: Model, truth: xr.Dataset, channels: list[Channel], *,
+                    climatology: xr.Dataset | None = None, baseline: Model | None = None,
+                    region=None, skipna: bool = False, n_bootstrap: int = 5000, confidence: float = 0.95,
+                    significance: float = 0.05, seed: int = 0) -> xr.Dataset:
+    """Score `forecast` (and compare with `baseline`) on every channel x lead; see the module doc."""
+    models = [forecast] + ([baseline] if baseline is not None else [])
+    for m in models:
+        m.check_members()
+    cfg = _Settings(region, skipna, n_bootstrap, confidence, significance)
+    inits, leads = forecast.data[INIT].values, forecast.data[LEAD].values
+    has_clim = climatology is not None and all(ch.variable in climatology for ch in channels)
+    metric_sets = [metrics_for(m.n_members(), {ens.ENCODER_DRAW, ens.DROPOUT_DRAW} <= set(m.member_dims),
+                               has_clim) for m in models]
+    shape = (len(channels), len(leads))
+    rows: dict[str, list] = {}
+    n_init, block = np.zeros(shape, dtype=np.int64), np.zeros(shape, dtype=np.int64)
+    nan_points = np.zeros(len(channels), dtype=np.int64)
+    maps: dict[str, list] = {}
+    hists: list = []
+    rng = np.random.default_rng(seed)
+    for c, ch in enumerate(channels):
+        clim_da = select_channel(climatology, ch).astype(np.float64) if has_clim else None
+        truth_da = select_channel(truth, ch)
+        for j, lead in enumerate(leads):
+            what = f"{forecast.name} '{ch.name}' lead {lead / np.timedelta64(1, 'h'):g} h"
+            t = truth_at(truth_da, inits, lead, what).load().astype(np.float64)
+            fields = [select_channel(m.data, ch).sel({LEAD: lead}).load().astype(np.float64) for m in models]
+            nans = _nan_count(t, *fields)
+            if nans and not skipna:
+                raise DataError(f"{what}: {nans} NaN values in forecast or truth "
+                                "(set skipna=true to skip them)")
+            nan_points[c] += nans
+            clim = None
+            if clim_da is not None:
+                valid = xr.DataArray(inits + lead, dims=[INIT], coords={INIT: inits})
+                clim = det.climatology_at(clim_da, valid)
+            row, lead_maps, hist, n_init[c, j], block[c, j] = _score_lead(
+                models, metric_sets, fields, t, clim, what, cfg, rng)
+            for k, v in row.items():
+                rows.setdefault(k, []).append(v)
+            for k, v in lead_maps.items():
+                maps.setdefault(k, []).append(v)
+            hists.append(hist)
+    out = {k: np.stack(v).reshape(*shape, -1) for k, v in rows.items()}
+    return _assemble(out, metric_sets[0], channels, leads, n_init, block, nan_points, maps, hists)
+
+
+def _assemble(out, metrics, channels, leads, n_init, block, nan_points, maps, hists) -> xr.Dataset:
+    dims3 = ("channel", LEAD, "metric")
+    levels = [ch.level if ch.level is not None else -1 for ch in channels]  # -1: a surface variable
+    ds = xr.Dataset({k: (dims3, v) for k, v in out.items()},
+                    coords={"channel": [ch.name for ch in channels], LEAD: leads,
+                            "metric": [m.name for m in metrics],
+                            "variable": ("channel", [ch.variable for ch in channels]),
+                            "level": ("channel", levels),
+                            "higher_is_better": ("metric", [int(m.higher_is_better) for m in metrics])})
+    ds["n_init"] = (("channel", LEAD), n_init)
+    ds["block_length"] = (("channel", LEAD), block)
+    ds["nan_points"] = (("channel",), nan_points)
+    nc, nl = len(channels), len(leads)
+    for k, fields in maps.items():
+        stacked = np.stack([f.transpose(LAT, LON).values for f in fields])
+        ds[k] = (("channel", LEAD, LAT, LON), stacked.reshape(nc, nl, *stacked.shape[1:]))
+        ds = ds.assign_coords({LAT: fields[0][LAT].values, LON: fields[0][LON].values})
+    if hists and hists[0] is not None:
+        values = np.stack([h.transpose("rank").values for h in hists]).reshape(nc, nl, -1)
+        ds["rank_histogram"] = (("channel", LEAD, "rank"), values)
+        ds = ds.assign_coords(rank=hists[0]["rank"].values)
+    return ds
+
+
+def scorecard_table(ds: xr.Dataset) -> pd.DataFrame:
+    """Long table: one row per channel x lead x applicable metric."""
+    cols = [k for k in ds.data_vars if ds[k].dims == ("channel", LEAD, "metric")]
+    df = ds[cols].to_dataframe().reset_index()
+    df = df[df["value"].notna()].copy()  # NaN: not applicable; inf (e.g. SSR of an error-free mean) stays
+    df.insert(2, "lead_hours", df.pop(LEAD) / np.timedelta64(1, "h"))
+    extra = ds[["n_init", "block_length"]].to_dataframe().reset_index()
+    extra["lead_hours"] = extra.pop(LEAD) / np.timedelta64(1, "h")
+    df = df.merge(extra[["channel", "lead_hours", "n_init", "block_length"]], on=["channel", "lead_hours"])
+    return df.reset_index(drop=True)

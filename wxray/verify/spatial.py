@@ -1,0 +1,112 @@
+"""Latitude weights and the one spatial mean every score goes through (WeatherBench 2 conventions)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import xarray as xr
+
+from wxray.data.schema import LAT, LON
+from wxray.errors import ConfigError, DataError
+
+SPATIAL_DIMS = (LAT, LON)
+
+
+def latitude_weights(latitude: xr.DataArray | np.ndarray) -> xr.DataArray:
+    """Cell-area weights from latitude bounds, normalised to mean 1 (WeatherBench 2 `get_lat_weights`).
+
+    Bounds are the midpoints between grid latitudes, closed by the poles, so a global grid's raw
+    weights (sin(upper) - sin(lower)) sum to 2, the area of the unit sphere over 2*pi. Cosine weights
+    would give the pole rows of an equiangular grid zero weight although their cells have area.
+    """
+    lat = latitude if isinstance(latitude, xr.DataArray) else xr.DataArray(np.asarray(latitude), dims=[LAT])
+    values = np.deg2rad(np.asarray(lat.values, dtype=np.float64))
+    if values.ndim != 1 or values.size == 0:
+        raise DataError("latitude must be a non-empty 1-d coordinate")
+    if values.size > 1 and not np.all(np.diff(values) > 0):
+        raise DataError("latitude must be strictly ascending (south to north) for latitude weights")
+    if np.any(np.abs(values) > np.pi / 2 + 1e-9):
+        raise DataError("latitude values must lie in [-90, 90] degrees")
+    bounds = np.concatenate([[-np.pi / 2], (values[:-1] + values[1:]) / 2, [np.pi / 2]])
+    area = np.sin(bounds[1:]) - np.sin(bounds[:-1])
+    return xr.DataArray(area / area.mean(), dims=[LAT], coords={LAT: lat.values}, name="latitude_weights")
+
+
+@dataclass(frozen=True)
+class Region:
+    """A latitude band and longitude range; lon_min > lon_max wraps through the Greenwich meridian."""
+
+    name: str
+    lat_min: float = -90.0
+    lat_max: float = 90.0
+    lon_min: float = 0.0
+    lon_max: float = 360.0
+    abs_lat_min: float = 0.0  # e.g. 20 for "extratropics": both hemispheres poleward of 20 degrees
+
+    def mask(self, latitude: xr.DataArray, longitude: xr.DataArray) -> xr.DataArray:
+        lon = longitude % 360
+        in_lat = (latitude >= self.lat_min) & (latitude <= self.lat_max) & (abs(latitude) >= self.abs_lat_min)
+        if self.lon_min <= self.lon_max:
+            in_lon = (lon >= self.lon_min) & (lon <= self.lon_max)
+        else:
+            in_lon = (lon >= self.lon_min) | (lon <= self.lon_max)
+        return in_lat & in_lon
+
+
+# WeatherBench 2 region definitions (longitudes in [0, 360)).
+REGIONS = {
+    "global": Region("global"),
+    "tropics": Region("tropics", -20, 20),
+    "extratropics": Region("extratropics", abs_lat_min=20),
+    "northern_extratropics": Region("northern_extratropics", 20, 90),
+    "southern_extratropics": Region("southern_extratropics", -90, -20),
+    "europe": Region("europe", 35, 75, 347.5, 42.5),
+    "north_america": Region("north_america", 25, 60, 240, 295),
+}
+
+
+def region_mask(region: str | Region | xr.DataArray | None, latitude: xr.DataArray,
+                longitude: xr.DataArray) -> xr.DataArray | None:
+    """Boolean (latitude, longitude) mask, or None for the whole grid."""
+    if region is None:
+        return None
+    if isinstance(region, xr.DataArray):
+        if set(region.dims) - set(SPATIAL_DIMS):
+            raise DataError(f"region mask must have dims (latitude, longitude), got {region.dims}")
+        return region.astype(bool)
+    if isinstance(region, str):
+        if region not in REGIONS:
+            raise ConfigError(f"unknown region '{region}' (known: {', '.join(REGIONS)})")
+        if region == "global":
+            return None
+        region = REGIONS[region]
+    mask = region.mask(latitude, longitude)
+    if not bool(mask.any()):
+        raise DataError(f"region '{region.name}' contains no grid points")
+    return mask
+
+
+def spatial_mean(da: xr.DataArray, region: str | Region | xr.DataArray | None = None,
+                 skipna: bool = False) -> xr.DataArray:
+    """Latitude-weighted mean over (latitude, longitude), optionally restricted to a region.
+
+    With skipna the weights are renormalised over the valid points of each field, so a missing point
+    neither counts as zero nor biases the mean towards the other latitudes; a field with no valid point
+    gives NaN. Without skipna a NaN anywhere in a field makes that field's mean NaN.
+    """
+    missing = [d for d in SPATIAL_DIMS if d not in da.dims]
+    if missing:
+        raise DataError(f"{da.name or 'field'}: missing spatial dimension(s) {missing} (dims: {da.dims})")
+    weights = latitude_weights(da[LAT]) * xr.ones_like(da[LON], dtype=np.float64)
+    mask = region_mask(region, da[LAT], da[LON])
+    if mask is not None:
+        weights = weights.where(mask, 0.0)
+    if skipna:
+        valid = da.notnull()
+        w = weights.where(valid, 0.0)
+        total = w.sum(SPATIAL_DIMS)
+        out = (da.fillna(0.0) * w).sum(SPATIAL_DIMS) / total.where(total > 0)
+    else:
+        out = (da * weights).sum(SPATIAL_DIMS, skipna=False) / weights.sum(SPATIAL_DIMS)
+    return out.rename(da.name)
