@@ -37,7 +37,7 @@ class DataConfig(WindowConfig):
     sample_trajectories: int = 4
     sample_seed: int = 0
     batch_size: int = 8
-    read_batch_size: int = 16  # windows per read task (one block)
+    read_batch_size: int = 32  # windows per read task (one block); see benchmarks/BENCHMARKS.md
     read_cpus: float = 0.25  # CPU share of one read task; small so reads run beside Train workers
     shuffle_seed: int = 0
     progress_bars: bool = False  # Ray Data's per-operator progress bars

@@ -73,19 +73,23 @@ def to_forecast_dataset(fc: np.ndarray, spec: WindowSpec, ds: xr.Dataset, anchor
 
 
 def score_per_lead(forecast: xr.Dataset, truth: xr.Dataset) -> dict[str, list[float]]:
-    """Latitude-weighted RMSE per channel and lead: sqrt(mean over inits of the weighted spatial MSE)."""
-    w = np.cos(np.deg2rad(forecast[LAT].values))
-    w = xr.DataArray(w / w.mean(), dims=LAT, coords={LAT: forecast[LAT]})
+    """Latitude-weighted RMSE (WeatherBench 2: time mean of the spatial MSE, then the root) per channel and lead."""
+    from wxray.verify.deterministic import rmse
+    from wxray.verify.forecasts import truth_at
+
     out: dict[str, list[float]] = {}
-    valid = forecast["init_time"] + forecast["lead_time"]
     for var in forecast.data_vars:
-        t = truth[var].sel({TIME: valid})
-        if LEVEL in forecast[var].dims:
-            t = t.sel({LEVEL: forecast[LEVEL]})
-        mse = ((forecast[var] - t) ** 2 * w).mean((LAT, LON)).mean("init_time")
-        if LEVEL in forecast[var].dims:
-            for lv in forecast[LEVEL].values:
-                out[f"{var}_{int(lv)}"] = np.sqrt(mse.sel({LEVEL: lv}).values).tolist()
+        per_lead = []
+        for lead in forecast["lead_time"].values:
+            fc = forecast[var].sel(lead_time=lead)
+            t = truth_at(truth[var], forecast["init_time"].values, lead, f"truth {var}")
+            if LEVEL in fc.dims:
+                t = t.sel({LEVEL: fc[LEVEL]})
+            per_lead.append(rmse(fc, t, time_dims=("init_time",)))
+        scores = xr.concat(per_lead, dim="lead_time")
+        if LEVEL in scores.dims:
+            for lv in scores[LEVEL].values:
+                out[f"{var}_{int(lv)}"] = scores.sel({LEVEL: lv}).values.tolist()
         else:
-            out[str(var)] = np.sqrt(mse.values).tolist()
+            out[str(var)] = scores.values.tolist()
     return out
