@@ -53,7 +53,8 @@ def test_fsdp2_two_workers_survive_a_killed_worker_and_learn(ray_session, wave_s
     epochs = _history(tmp_path, res["mlflow_run_id"], "epoch")
     assert epochs.count(0) == 1 and sorted(set(epochs)) == [0, 1, 2, 3] and epochs[-1] == 3, epochs
     assert epochs.count(2) == 1, epochs  # the epoch killed mid-way reported only after the restart
-    assert _history(tmp_path, res["mlflow_run_id"], "train/fsdp_sharded") == [1.0] * 4
+    sharded = _history(tmp_path, res["mlflow_run_id"], "train/fsdp_sharded")
+    assert len(sharded) == len(epochs) and set(sharded) == {1.0}  # every epoch ran with FSDP2 DTensors
     losses = _history(tmp_path, res["mlflow_run_id"], "train/epoch_loss")
     assert losses[-1] < 0.7 * losses[0], losses
     assert set(res["val_rmse"]) == {"geopotential_500", "temperature_500"}

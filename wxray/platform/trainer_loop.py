@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import tempfile
 import time
 from collections.abc import Iterable, Iterator
@@ -134,6 +135,12 @@ def validate(model, batches, spec: WindowSpec, lat_w: torch.Tensor, device, worl
     return out
 
 
+def _say(line: str) -> None:
+    # Ray Train V2 patches print() to tee into its logger, which shows every line twice on the driver.
+    sys.__stdout__.write(line + "\n")
+    sys.__stdout__.flush()
+
+
 def _fault_drill(cfg: TrainSparseConfig, epoch: int, rank: int, world: int, marker: Path) -> None:
     if cfg.train.fault_drill_epoch == epoch and rank == min(1, world - 1) and not marker.exists():
         marker.write_text(f"killed rank {rank} at the start of epoch {epoch}\n")
@@ -242,8 +249,8 @@ def train_fn_per_worker(config: dict[str, Any]) -> None:
                                     spec, lat_w, device, world, dtype, cfg.train.seed, dummy))
         if rank == 0:
             val = f", val loss {metrics['val/loss']:.4f}" if "val/loss" in metrics else ""
-            print(f"epoch {epoch + 1}/{cfg.train.epochs}: step {step}, train loss {metrics['train/epoch_loss']:.4f}"
-                  f"{val}, {metrics['train/epoch_samples_per_s_per_worker']:.1f} samples/s/worker", flush=True)
+            _say(f"epoch {epoch + 1}/{cfg.train.epochs}: step {step}, train loss {metrics['train/epoch_loss']:.4f}"
+                 f"{val}, {metrics['train/epoch_samples_per_s_per_worker']:.1f} samples/s/worker")
         last = epoch == cfg.train.epochs - 1
         if (epoch + 1) % cfg.train.checkpoint_every == 0 or last:
             model_sd, opt_sd = _get_state(model, opt)
