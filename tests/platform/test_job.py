@@ -42,6 +42,9 @@ def test_job_writes_summary_logs_mlflow_and_prints_result(tmp_path, tracking_uri
     assert run.info.status == "FINISHED"
     assert run.data.metrics["double"] == 6.0
     assert run.data.params["x"] == "3.0"
+    # artifacts sit beside the sqlite store, not in ./mlruns of the working directory
+    assert run.info.artifact_uri.startswith((tmp_path / "mlartifacts").as_uri())
+    assert (tmp_path / "mlartifacts").is_dir()
 
 
 def test_bad_input_is_one_line_exit_2_and_no_run_dir(tmp_path, tracking_uri, capsys):

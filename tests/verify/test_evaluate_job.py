@@ -86,7 +86,7 @@ def test_persistence_scorecard_plots_mlflow_and_result(store_path, tmp_path, cap
     artifacts = {a.path for a in client.list_artifacts(run_id)}
     assert {"scorecard.nc", "scorecard.csv", "plots", "summary.json"} <= artifacts
     assert any(a.path.endswith("score_rmse.png") for a in client.list_artifacts(run_id, "plots"))
-    assert (tmp_path / "mlruns").is_dir()
+    assert (tmp_path / "mlartifacts").is_dir()  # beside the sqlite store, not in ./mlruns
 
 
 def test_nested_ensemble_against_persistence_baseline(store_path, tmp_path, capsys):

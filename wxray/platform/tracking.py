@@ -47,6 +47,10 @@ class Tracker:
         for name in ("alembic", "mlflow"):
             logging.getLogger(name).setLevel(logging.WARNING)
         mlflow.set_tracking_uri(self.uri)
+        if self.uri.startswith("sqlite:///") and mlflow.get_experiment_by_name(cfg.experiment) is None:
+            # Without this MLflow puts artifacts in ./mlruns of whatever directory the job ran from.
+            artifacts = Path(self.uri[len("sqlite:///"):]).parent / "mlartifacts"
+            mlflow.create_experiment(cfg.experiment, artifact_location=artifacts.resolve().as_uri())
         mlflow.set_experiment(cfg.experiment)
         run = mlflow.start_run(run_id=run_id, run_name=None if run_id else run_name, tags=tags or {})
         self.run_id = run.info.run_id
