@@ -40,7 +40,7 @@ def rollout(model: torch.nn.Module, spec: WindowSpec, anchors: np.ndarray, steps
     reader = WindowReader(spec)
     v, h = len(spec.inputs), spec.history
     out = []
-    for i in tqdm(range(0, len(anchors), batch_size), desc="rollout", leave=False):
+    for i in tqdm(range(0, len(anchors), batch_size), desc="rollout"):
         x = torch.from_numpy(reader({"anchor": anchors[i: i + batch_size]})["x"])
         preds = []
         for _ in range(steps):
