@@ -63,7 +63,7 @@ def main() -> None:
     data = prepare_windows(DataConfig(store=args.store, history=args.history, split_fractions=(1.0, 0.0, 0.0)))
     # Several passes per measurement so Ray Data's start-up (planning, first tasks) is amortised as in training.
     anchors = np.tile(np.sort(data.anchors["train"]), args.passes)
-    ray.init(num_cpus=args.cpus, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=args.cpus, include_dashboard=False, log_to_driver=False)
     ray.data.DataContext.get_current().enable_progress_bars = False
     read_cpus = 1.0
     plain_loop(data.spec, np.unique(anchors), args.batch)  # warm the page cache for both paths

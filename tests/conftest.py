@@ -29,8 +29,8 @@ def ray_session(tmp_path_factory):
     import ray
 
     if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-                 _temp_dir=None, configure_logging=False)
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
+                 configure_logging=False)
     import ray.data
 
     ray.data.DataContext.get_current().enable_progress_bars = False

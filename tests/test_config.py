@@ -65,3 +65,30 @@ def test_dict_round_trip_for_ray_boundary():
     d = to_dict(cfg)
     assert d["model"]["split"] == [1, 6, 1]
     assert from_dict(Cfg, d) == cfg
+
+
+@dataclass
+class Strs:
+    run_name: str = ""
+    maybe: str | None = None
+    weights: dict[str, float] = field(default_factory=dict)
+    mode: Literal["a", "007"] = "a"
+
+
+@pytest.mark.parametrize("token, expected", [("010", "010"), ("2024_01", "2024_01"), ("12:30", "12:30"),
+                                             ("0x1F", "0x1F"), ("true", "true")])
+def test_string_keys_keep_the_text_as_typed(token, expected):
+    assert load_config(Strs, [f"run_name={token}"]).run_name == expected
+    assert load_config(Strs, [f"maybe={token}"]).maybe == expected
+    assert load_config(Strs, ["maybe=null"]).maybe is None
+    assert load_config(Strs, ["mode=007"]).mode == "007"
+
+
+def test_dict_values_are_coerced_and_checked(tmp_path):
+    assert load_config(Strs, ["weights={geopotential: 1e-3, temperature: 2}"]).weights == \
+        {"geopotential": 1e-3, "temperature": 2.0}
+    with pytest.raises(ConfigError, match="'weights.geopotential' expects float"):
+        load_config(Strs, ["weights={geopotential: abc}"])
+    y = tmp_path / "c.yaml"
+    y.write_text("run_name: 2024-01-01\n")
+    assert load_config(Strs, ["--config", str(y)]).run_name == "2024-01-01"

@@ -11,6 +11,7 @@ Configs become plain dicts only at the Ray boundary (`to_dict`).
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import types
 import typing
 from pathlib import Path
@@ -29,21 +30,42 @@ def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
 
+class RawOverride:
+    """A CLI value as typed and as YAML reads it: string keys keep the text (`run_name=010` stays "010")."""
+
+    def __init__(self, raw: str, parsed: Any):
+        self.raw, self.parsed = raw, parsed
+
+
+def _wants_text(tp: Any) -> bool:
+    if tp is str:
+        return True
+    origin = get_origin(tp)
+    if origin is Literal:
+        return all(isinstance(a, str) for a in get_args(tp))
+    if origin in (typing.Union, types.UnionType):
+        return any(_wants_text(a) for a in get_args(tp))
+    return False
+
+
 def _coerce(value: Any, tp: Any, key: str) -> Any:
     """Return `value` converted to `tp`, or raise ConfigError naming `key`."""
     origin = get_origin(tp)
+    if isinstance(value, RawOverride) and origin not in (typing.Union, types.UnionType):
+        value = value.raw if _wants_text(tp) else value.parsed  # each Union arm decides for itself
     if origin in (typing.Union, types.UnionType):
         errors = []
+        if type(None) in get_args(tp) and (value.parsed if isinstance(value, RawOverride) else value) is None:
+            return None  # `key=null` on an optional key, even when another arm is str
         for arm in get_args(tp):
             if arm is type(None):
-                if value is None:
-                    return None
                 continue
             try:
                 return _coerce(value, arm, key)
             except ConfigError as e:
                 errors.append(str(e))
-        raise ConfigError(f"config key '{key}' expects {_type_name(tp)}, got {value!r}")
+        shown = value.raw if isinstance(value, RawOverride) else value
+        raise ConfigError(f"config key '{key}' expects {_type_name(tp)}, got {shown!r}")
     if origin is Literal:
         if value in get_args(tp):
             return value
@@ -68,7 +90,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     if origin is dict:
         if not isinstance(value, dict):
             raise ConfigError(f"config key '{key}' expects a mapping, got {value!r}")
-        return dict(value)
+        kt, vt = get_args(tp) or (Any, Any)
+        return {_coerce(k, kt, f"{key}.{k}"): _coerce(v, vt, f"{key}.{k}") for k, v in value.items()}
     if tp is Any:
         return value
     if tp is bool:
@@ -89,7 +112,9 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         if isinstance(value, str):
             return value
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return str(value)  # e.g. `run_name=2024` parsed by YAML as an int
+            return str(value)  # e.g. `run_name: 2024` in a YAML file
+        if isinstance(value, (dt.date, dt.datetime)):
+            return value.isoformat()  # `run_name: 2024-01-01` in a YAML file
     elif isinstance(value, tp):
         return value
     raise ConfigError(f"config key '{key}' expects {_type_name(tp)}, got {value!r}")
@@ -176,7 +201,7 @@ def parse_override(token: str) -> dict[str, Any]:
     parts = key.strip().split(".")
     for p in parts[:-1]:
         cur = cur.setdefault(p, {})
-    cur[parts[-1]] = value
+    cur[parts[-1]] = RawOverride(raw, value)
     return nested
 
 

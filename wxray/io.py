@@ -31,7 +31,11 @@ def atomic_path(path: str | os.PathLike, overwrite: bool = True) -> Iterator[Pat
     tmp = final.with_name(f".{final.name}.tmp-{uuid.uuid4().hex[:8]}")
     try:
         yield tmp
-        if final.exists():
+        if final.exists() and not (final.is_dir() or tmp.is_dir()):
+            if not overwrite:
+                raise FileExistsError(f"{final} already exists")
+            os.replace(tmp, final)  # atomic for files: no moment without `final`
+        elif final.exists():
             if not overwrite:
                 raise FileExistsError(f"{final} already exists")
             old = final.with_name(f".{final.name}.old-{uuid.uuid4().hex[:8]}")

@@ -96,6 +96,11 @@ def _checkpoint_dir(tmp_path, meta: dict | None, state) -> str:
     (["scaling.num_workers=8"], "needs 8.25 CPUs; the Ray cluster has 2"),
     (["data.input_variables=[2m_temperature]"], "variable '2m_temperature' not found"),
     (["model.selection=best"], "'model.selection' expects one of"),
+    (["train.log_every=0"], "train.log_every must be >= 1"),
+    (["optim.lr=nan"], "optim.lr must be a finite number > 0"),
+    (["data.train_range=/2000-01-03"], "data.train_range must be 'start/end' dates"),
+    (["data.train_range=2000-01-01/2000-01-03", "data.val_range=2000-01-03/2000-01-04"],
+     "data.train_range and data.val_range overlap"),
     (["train.epochs=many"], "'train.epochs' expects int"),
 ])
 def test_bad_training_input_is_one_line(ray_session, wave_store, tmp_path, capsys, extra, needle):
@@ -127,3 +132,52 @@ def test_corrupt_or_foreign_checkpoint_is_rejected(ray_session, wave_store, tmp_
     rc, _, err = _run(capsys, wave_store, tmp_path, f"out_dir={out}", f"train.init_from={d}")
     assert rc == 2
     assert needle in err.strip().splitlines()[-1]
+
+
+def test_worker_side_errors_reach_the_user_as_one_line():
+    from ray.exceptions import RayTaskError
+    from ray.train.v2._internal.exceptions import UserExceptionWithTraceback
+    from ray.train.v2.api.exceptions import WorkerGroupError
+
+    from wxray.errors import DataError
+    from wxray.platform.trainer import _training_error
+
+    inner = DataError("store s.zarr: NaN/inf in windows with anchors [3]; training needs complete fields")
+    task = RayTaskError("read", "Traceback (most recent call last):\n  ...", inner)  # a Ray Data read task
+    for wrapped in (inner, task):
+        chain = WorkerGroupError("Training failed due to worker errors:\n[Rank 1]",
+                                 {1: UserExceptionWithTraceback(wrapped, "Traceback ...")})
+        out = _training_error(chain)
+        assert isinstance(out, DataError) and str(out) == str(inner)
+    plain = _training_error(ValueError("Traceback (most recent call last):\nboom"))
+    assert str(plain) == "training failed: boom"
+
+
+@pytest.mark.slow
+def test_nan_in_training_data_stops_the_run_with_one_line(ray_session, tmp_path, capsys):
+    import xarray as xr
+
+    store = tmp_path / "nan.zarr"
+    write_tiny_store(store, n_traj=2, steps=10, grid=(8, 16), levels=(500,))
+    ds = xr.open_zarr(store)
+    z = ds.geopotential.load()
+    z[3, 0, 2, 2] = float("nan")  # inside the first trajectory: a training window
+    z.to_dataset().to_zarr(store, mode="r+", region={"time": slice(0, 20), "level": slice(0, 1),
+                                                     "latitude": slice(0, 8), "longitude": slice(0, 16)})
+    rc, res, err = _run(capsys, store, tmp_path, f"out_dir={tmp_path / 'run'}", "train.max_failures=0",
+                        "train.epochs=1", "data.split_fractions=[1.0,0.0,0.0]")
+    assert rc == 2 and res is None
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("error: store ") and "NaN/inf in windows with anchors" in last, last
+
+
+def test_resume_with_a_different_model_is_refused_before_training(ray_session, wave_store, tmp_path, capsys):
+    out = tmp_path / "run"
+    ckpt = out / "ray" / "train" / "checkpoint_2026-01-01_00-00-00.000000"
+    ckpt.mkdir(parents=True)
+    torch.save({"model": {}}, ckpt / "state.pt")
+    (ckpt / "meta.json").write_text(json.dumps({"format": "wxray-train-checkpoint-v1",
+                                                "model": {"embed_dim": 64, "depth": 4}}))
+    rc, _, err = _run(capsys, wave_store, tmp_path, f"out_dir={out}")
+    assert rc == 2
+    assert "model.embed_dim=64 does not match this run's 32" in err.strip().splitlines()[-1]

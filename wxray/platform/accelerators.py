@@ -50,7 +50,8 @@ def ensure_ray(address: str = "", num_cpus: int | None = None) -> None:
     elif os.environ.get("RAY_ADDRESS"):
         ray.init(**kwargs)
     else:
-        ray.init(num_cpus=num_cpus, include_dashboard=False, **kwargs)
+        # "local": a fresh cluster, never a stale or unrelated one found through /tmp/ray/ray_current_cluster.
+        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, **kwargs)
 
 
 def ray_scaling_config(cfg: ScalingCfg):

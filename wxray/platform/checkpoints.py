@@ -1,8 +1,9 @@
 """Checkpoints: one `state.pt` (loaded with `torch.load(weights_only=True)`) + `meta.json` per directory.
 
-The state holds model, optimiser and scheduler state, the data position (epoch and global step) and RNG
-states. `meta.json` names the format and the model config, so a foreign or mismatched checkpoint is a
-one-line `CheckpointError` rather than a shape error deep inside `load_state_dict`.
+The state holds model and optimiser state, the position in the data and the LR schedule (epoch,
+global step, windows seen) and the torch RNG state. `meta.json` names the format and the model config,
+so a foreign or mismatched checkpoint is a one-line `CheckpointError` rather than a shape error deep
+inside `load_state_dict`.
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ def save(directory: str | Path, state: dict[str, Any], meta: dict[str, Any]) -> 
     return d
 
 
-def load(path: str | Path, expect_model: dict[str, Any] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Load a checkpoint directory (or its state.pt); check format and, optionally, the model config."""
+def read_meta(path: str | Path, expect_model: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Check a checkpoint's format and, optionally, that it was written by the same model; cheap (no weights)."""
     p = Path(path)
     d = p if p.is_dir() else p.parent
     if not (d / STATE).is_file():
@@ -41,7 +42,7 @@ def load(path: str | Path, expect_model: dict[str, Any] | None = None) -> tuple[
         raise CheckpointError(f"checkpoint {d}: format {meta.get('format')!r}, expected {FORMAT!r}")
     if expect_model is not None:
         theirs = meta.get("model", {})
-        diff = [k for k in ("name", "patch_size", "embed_dim", "depth", "num_heads", "mlp_ratio")
+        diff = [k for k in ("name", "patch_size", "embed_dim", "depth", "num_heads", "mlp_ratio", "skip_channels")
                 if k in theirs and k in expect_model and theirs[k] != expect_model[k]]
         if theirs.get("channels") is not None and expect_model.get("channels") is not None \
                 and theirs["channels"] != expect_model["channels"]:
@@ -50,6 +51,14 @@ def load(path: str | Path, expect_model: dict[str, Any] | None = None) -> tuple[
             k = diff[0]
             raise CheckpointError(f"checkpoint {d}: model.{k}={theirs.get(k)!r} does not match this run's "
                                   f"{expect_model.get(k)!r}")
+    return meta
+
+
+def load(path: str | Path, expect_model: dict[str, Any] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Load a checkpoint directory (or its state.pt); check format and, optionally, the model config."""
+    meta = read_meta(path, expect_model)
+    p = Path(path)
+    d = p if p.is_dir() else p.parent
     try:
         state = torch.load(d / STATE, map_location="cpu", weights_only=True)
     except Exception as e:
@@ -58,6 +67,12 @@ def load(path: str | Path, expect_model: dict[str, Any] | None = None) -> tuple[
     if not isinstance(state, dict) or "model" not in state:
         raise CheckpointError(f"checkpoint {d}/{STATE}: expected a dict with a 'model' entry")
     return state, meta
+
+
+def latest(directory: str | Path) -> Path | None:
+    """The newest checkpoint Ray Train wrote under `directory` (its storage path), if any."""
+    found = sorted(Path(directory).glob("**/checkpoint_*/" + META), key=lambda m: m.stat().st_mtime)
+    return found[-1].parent if found else None
 
 
 def load_model_weights(model: torch.nn.Module, state: dict[str, Any], where: str) -> None:

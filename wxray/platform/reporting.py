@@ -8,6 +8,8 @@ sees; the same metrics go to MLflow so sweeps and single runs read alike.
 from __future__ import annotations
 
 import math
+import time
+import warnings
 from typing import Any
 
 
@@ -28,7 +30,6 @@ class Reporter:
     def log(self, metrics: dict[str, float], step: int) -> None:
         if self._client is None:
             return
-        import time
 
         from mlflow.entities import Metric
 
@@ -36,7 +37,10 @@ class Reporter:
         batch = [Metric(k, float(v), now, step) for k, v in metrics.items()
                  if isinstance(v, (int, float)) and math.isfinite(float(v))]
         if batch:
-            self._client.log_batch(self._run_id, metrics=batch)
+            try:
+                self._client.log_batch(self._run_id, metrics=batch)
+            except Exception as e:  # a tracking hiccup (locked sqlite, server restart) must not kill training
+                warnings.warn(f"MLflow logging failed at step {step}: {type(e).__name__}: {e}", stacklevel=2)
 
     def log_artifact(self, path: str) -> None:
         if self._client is not None:

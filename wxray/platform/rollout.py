@@ -35,6 +35,9 @@ def rollout(model: torch.nn.Module, spec: WindowSpec, anchors: np.ndarray, steps
     autoregressive = [c.name for c in spec.targets] == [c.name for c in spec.inputs]
     if steps > 1 and not autoregressive:
         raise ValueError("a rollout beyond one step needs the targets to be the input variables")
+    if steps > 1 and spec.history > 1 and spec.lead_steps > 1:
+        raise ValueError("a rollout beyond one step with history > 1 needs lead_steps = 1 "
+                         "(the model was trained on consecutive native steps)")
     model.eval()
     gen = torch.Generator().manual_seed(seed)
     reader = WindowReader(spec)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,7 +53,15 @@ class Tracker:
             artifacts = Path(self.uri[len("sqlite:///"):]).parent / "mlartifacts"
             mlflow.create_experiment(cfg.experiment, artifact_location=artifacts.resolve().as_uri())
         mlflow.set_experiment(cfg.experiment)
-        run = mlflow.start_run(run_id=run_id, run_name=None if run_id else run_name, tags=tags or {})
+        try:
+            run = mlflow.start_run(run_id=run_id, run_name=None if run_id else run_name, tags=tags or {})
+        except Exception as e:
+            if run_id is None:
+                raise
+            # The run to continue is gone (deleted, or another tracking store): log to a fresh one.
+            warnings.warn(f"cannot continue MLflow run {run_id} ({type(e).__name__}); starting a new run",
+                          stacklevel=2)
+            run = mlflow.start_run(run_name=run_name, tags=tags or {})
         self.run_id = run.info.run_id
         self._mlflow = mlflow
 

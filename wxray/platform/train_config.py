@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -59,8 +60,10 @@ class OptimConfig:
     grad_clip: float = 1.0  # 0 disables clipping
 
     def validate(self) -> None:
-        if self.lr <= 0:
-            raise ConfigError(f"optim.lr must be > 0, got {self.lr}")
+        if not math.isfinite(self.lr) or self.lr <= 0:
+            raise ConfigError(f"optim.lr must be a finite number > 0, got {self.lr}")
+        if self.warmup_steps < 0 or self.grad_clip < 0 or not 0 <= self.min_lr_ratio <= 1:
+            raise ConfigError("optim.warmup_steps and optim.grad_clip must be >= 0, optim.min_lr_ratio in [0, 1]")
 
 
 @dataclass
@@ -90,6 +93,11 @@ class LoopConfig:
             raise ConfigError(f"train.checkpoint_every must be >= 1, got {self.checkpoint_every}")
         if self.rollout_steps < 0:
             raise ConfigError(f"train.rollout_steps must be >= 0, got {self.rollout_steps}")
+        for key in ("log_every", "keep_checkpoints"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"train.{key} must be >= 1, got {getattr(self, key)}")
+        if self.max_steps_per_epoch < 0 or self.max_failures < 0:
+            raise ConfigError("train.max_steps_per_epoch and train.max_failures must be >= 0")
 
 
 @dataclass

@@ -7,6 +7,7 @@ function can call `make_trainer` per trial.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ def check_model(cfg: TrainSparseConfig, data: WindowData) -> torch.nn.Module:
     except ValueError as e:
         raise ConfigError(f"model: {e}") from None
     if cfg.train.init_from:
+        cfg.train.init_from = str(Path(cfg.train.init_from).resolve())  # workers may run in another cwd
         state, _ = checkpoints.load(cfg.train.init_from, expect_model=model_identity(cfg.model, data.spec))
         checkpoints.load_model_weights(model, state, cfg.train.init_from)
     return model
@@ -64,19 +66,52 @@ def make_trainer(cfg: TrainSparseConfig, data: WindowData, out_dir: Path, tracki
     )
 
 
-def _training_error(e: Exception) -> WxrayError:
-    """The one-line cause of a failed Ray Train run (a WxrayError raised in a worker keeps its message)."""
-    cause = e
-    while cause is not None:
-        if isinstance(cause, WxrayError):
-            return cause
+def _training_error(e: BaseException) -> WxrayError:
+    """The one-line cause of a failed Ray Train run.
+
+    Ray wraps a worker's exception several times (TrainingFailedError -> WorkerGroupError.worker_failures
+    -> UserExceptionWithTraceback._base_exc; RayTaskError.cause for Ray Data read tasks). A WxrayError
+    found inside keeps its own message; anything else is reported by its first line.
+    Errors from Ray Data read tasks arrive as UserCodeException without their cause; their traceback text
+    still names the wxray error, which is then recovered from the text.
+    """
+    stack, seen, texts = [e], set(), []
+    while stack:
+        c = stack.pop()
+        if c is None or id(c) in seen:
+            continue
+        seen.add(id(c))
+        inner = [getattr(c, "cause", None), getattr(c, "_base_exc", None),
+                 getattr(c, "controller_failure", None), c.__cause__]
         for attr in ("worker_failures", "errors"):
-            failures = getattr(cause, attr, None)
-            if isinstance(failures, dict) and failures:
-                return _training_error(next(iter(failures.values())))
-        cause = cause.__cause__ or getattr(cause, "cause", None)
-    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-    return WxrayError(f"training failed: {first}")
+            failures = getattr(c, attr, None)
+            if isinstance(failures, dict):
+                inner.extend(failures.values())
+        if isinstance(c, WxrayError) and not any(isinstance(i, BaseException) for i in inner[:2]):
+            return type(c)(_first_line(c))
+        texts += [str(c), str(getattr(c, "_traceback_str", ""))]
+        stack.extend(i for i in inner if isinstance(i, BaseException))
+    import wxray.errors
+
+    for text in texts:
+        found = re.search(r"wxray\.errors\.(\w+): ([^\n]+)", text)
+        if found:
+            cls = getattr(wxray.errors, found.group(1), WxrayError)
+            return (cls if isinstance(cls, type) and issubclass(cls, WxrayError) else WxrayError)(found.group(2))
+    return WxrayError(f"training failed: {_first_line(e)}")
+
+
+def _first_line(e: BaseException) -> str:
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip() and not ln.startswith("Traceback")]
+    return lines[0] if lines else type(e).__name__
+
+
+def check_resume(cfg: TrainSparseConfig, data: WindowData, out_dir: Path) -> Path | None:
+    """A re-run into an existing run directory resumes from its newest checkpoint: check it fits first."""
+    last = checkpoints.latest(out_dir / "ray")
+    if last is not None:
+        checkpoints.read_meta(last, expect_model=model_identity(cfg.model, data.spec))
+    return last
 
 
 def save_map_png(path: Path, truth: np.ndarray, forecast: np.ndarray, lat: np.ndarray, lon: np.ndarray,
@@ -115,6 +150,8 @@ def evaluate_checkpoint(cfg: TrainSparseConfig, data: WindowData, ckpt_dir: Path
     split = "test" if len(data.anchors["test"]) else "val"
     steps = cfg.train.rollout_steps
     autoregressive = [c.name for c in data.spec.targets] == [c.name for c in data.spec.inputs]
+    # Inputs are consecutive native steps; with lead_steps > 1 a forecast cannot extend a longer history.
+    autoregressive &= data.spec.history == 1 or data.spec.lead_steps == 1
     steps = steps if autoregressive else min(steps, 1)
     anchors = rollout_anchors(ds, np.sort(data.anchors[split]), data.spec, steps) if steps else np.zeros(0, int)
     if len(anchors) == 0:
@@ -143,6 +180,9 @@ def train_sparse(cfg: TrainSparseConfig, ctx: JobContext) -> dict[str, Any]:
     data = prepare_windows(cfg.data)
     model = check_model(cfg, data)
     acc.check_cluster_fits(cfg.scaling, reserve_cpus=cfg.data.read_cpus)
+    resumed_from = check_resume(cfg, data, Path(ctx.out_dir))
+    if resumed_from is not None:
+        print(f"wxray: resuming from {resumed_from}", flush=True)
     n_params = sum(p.numel() for p in model.parameters())
     counts = data.counts()
     ctx.tracker.log_params({"n_parameters": n_params, **{f"windows.{k}": v for k, v in counts.items()}})

@@ -50,20 +50,24 @@ def epoch_generator(seed: int, epoch: int, rank: int) -> torch.Generator:
 
 
 def lockstep_batches(batches: Iterable[dict], dummy: dict, device: torch.device,
-                     world: int) -> Iterator[tuple[dict, float]]:
-    """Yield (batch, weight) until every worker is out of data; an exhausted worker gets zero-weight dummies.
+                     world: int) -> Iterator[tuple[dict, float, int]]:
+    """Yield (batch, weight, global batch size) until every worker is out of data.
 
-    Exactly-once sharding lets shards differ by a batch; FSDP's collectives need every rank to step.
+    Exactly-once sharding leaves shards unequal (Ray hands out whole blocks), but FSDP's collectives need
+    every rank to step: an exhausted worker feeds a zero-weight dummy. weight = n_local * world / n_global,
+    so the gradient that FSDP averages over ranks is the mean over the global batch, however it is split.
     """
     it = iter(batches)
     while True:
         batch = next(it, None)
-        more = torch.tensor([0.0 if batch is None else 1.0], device=device)
+        n = 0 if batch is None else int(batch["x"].shape[0])
+        total = torch.tensor([float(n)], device=device)
         if world > 1:
-            dist.all_reduce(more, op=dist.ReduceOp.MAX)
-        if more.item() == 0:
+            dist.all_reduce(total)
+        n_global = int(total.item())
+        if n_global == 0:
             return
-        yield (dummy, 0.0) if batch is None else (batch, 1.0)
+        yield (dummy, 0.0, n_global) if batch is None else (batch, n * world / n_global, n_global)
 
 
 def lr_factor(step: int, warmup: int, total: int, min_ratio: float) -> float:
@@ -115,7 +119,8 @@ def validate(model, batches, spec: WindowSpec, lat_w: torch.Tensor, device, worl
     n_out = len(spec.targets)
     sums = torch.zeros(n_out + 2, dtype=torch.float64, device=device)  # per-channel SE, loss, count
     with torch.no_grad():
-        for batch, w in lockstep_batches(batches, dummy, device, world):
+        for batch, w, _ in lockstep_batches(batches, dummy, device, world):
+            w = float(w > 0)  # sums over real windows only
             x, y = batch["x"], batch["y"]
             with acc.autocast(device, dtype):
                 pred = model(x, generator=gen)
@@ -166,22 +171,28 @@ def train_fn_per_worker(config: dict[str, Any]) -> None:
         model = torch.nn.parallel.DistributedDataParallel(model)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay,
                             betas=tuple(cfg.optim.betas))
-    steps_per_epoch = int(np.ceil(config["n_train"] / (world * cfg.data.batch_size)))
+    # The schedule runs on windows seen (all workers together), not on steps: shard sizes, and so step
+    # counts, vary with Ray's block assignment, the number of windows per epoch does not.
+    per_epoch = config["n_train"]
     if cfg.train.max_steps_per_epoch:
-        steps_per_epoch = min(steps_per_epoch, cfg.train.max_steps_per_epoch)
-    total = cfg.train.epochs * max(1, steps_per_epoch)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: lr_factor(s, cfg.optim.warmup_steps, total, cfg.optim.min_lr_ratio))
+        per_epoch = min(per_epoch, cfg.train.max_steps_per_epoch * world * cfg.data.batch_size)
+    total_samples = cfg.train.epochs * max(1, per_epoch)
+    warmup_samples = cfg.optim.warmup_steps * world * cfg.data.batch_size
 
-    start_epoch, step = 0, 0
+    def set_lr(seen: int) -> float:
+        lr = cfg.optim.lr * lr_factor(seen, warmup_samples, total_samples, cfg.optim.min_lr_ratio)
+        for group in opt.param_groups:
+            group["lr"] = lr
+        return lr
+
+    start_epoch, step, seen = 0, 0, 0
     resume = ray.train.get_checkpoint()
     if resume is not None:
         with resume.as_directory() as d:
-            state, _ = checkpoints.load(d)
+            state, _ = checkpoints.load(d, expect_model=config["model_identity"])
         _set_state(model, opt, state["model"], state["optimizer"])
-        sched.load_state_dict(state["scheduler"])
         torch.set_rng_state(state["torch_rng"])
-        start_epoch, step = int(state["epoch"]) + 1, int(state["step"])
+        start_epoch, step, seen = int(state["epoch"]) + 1, int(state["step"]), int(state["samples_seen"])
     elif cfg.train.init_from:
         state, _ = checkpoints.load(cfg.train.init_from)
         _set_state(model, opt, state["model"], None)
@@ -207,7 +218,7 @@ def train_fn_per_worker(config: dict[str, Any]) -> None:
         batches = train_shard.iter_torch_batches(batch_size=cfg.data.batch_size, device=device,
                                                  local_shuffle_buffer_size=4 * cfg.data.batch_size,
                                                  local_shuffle_seed=cfg.train.seed + epoch)
-        for i, (batch, w) in enumerate(lockstep_batches(batches, dummy, device, world)):
+        for i, (batch, w, n_global) in enumerate(lockstep_batches(batches, dummy, device, world)):
             if cfg.train.max_steps_per_epoch and i >= cfg.train.max_steps_per_epoch:
                 break
             if i == 1:
@@ -222,17 +233,18 @@ def train_fn_per_worker(config: dict[str, Any]) -> None:
             loss.backward()
             if cfg.optim.grad_clip > 0:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip)
+            lr = set_lr(seen)
             opt.step()
-            sched.step()
             step += 1
-            n = int(batch["x"].shape[0] * w)
+            seen += n_global
+            n = int(batch["x"].shape[0]) if w else 0
             n_samples += n
             if w:
-                losses.append(loss.item())
+                losses.append(loss.item() / w)
             if measure:
                 dt = time.perf_counter() - t0
-                m = {"train/loss": loss.item() / max(w, 1e-12) if w else float("nan"),
-                     "train/lr": sched.get_last_lr()[0], "train/step_time_s": dt,
+                m = {"train/loss": loss.item() / w if w else float("nan"),
+                     "train/lr": lr, "train/step_time_s": dt,
                      "train/samples_per_s_per_worker": n / dt, "train/saved_activation_bytes": meter.bytes}
                 peak = acc.peak_memory_bytes(device)
                 if peak is not None:
@@ -257,7 +269,7 @@ def train_fn_per_worker(config: dict[str, Any]) -> None:
             with tempfile.TemporaryDirectory() as tmp:
                 ckpt = None
                 if rank == 0:
-                    state = {"model": model_sd, "optimizer": opt_sd, "scheduler": sched.state_dict(),
+                    state = {"model": model_sd, "optimizer": opt_sd, "samples_seen": seen,
                              "epoch": epoch, "step": step, "torch_rng": torch.get_rng_state()}
                     checkpoints.save(tmp, state, {"model": config["model_identity"], "epoch": epoch, "step": step})
                     ckpt = ray.train.Checkpoint.from_directory(tmp)

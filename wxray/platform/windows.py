@@ -81,7 +81,8 @@ def _safe_std(x: np.ndarray) -> np.ndarray:
 
 
 def make_spec(store: str, ds: xr.Dataset, stats: Stats, cfg: WindowConfig) -> WindowSpec:
-    dynamic = [str(v) for v in ds.data_vars if TIME in ds[v].dims]
+    # Sorted: zarr does not promise an order of a group's members, and channel order is part of a model.
+    dynamic = sorted(str(v) for v in ds.data_vars if TIME in ds[v].dims)
     inputs = channels(ds, cfg.input_variables or dynamic, cfg.levels, source=f"store {store}")
     targets = channels(ds, cfg.target_variables or cfg.input_variables or dynamic, cfg.levels,
                        source=f"store {store}")
@@ -91,7 +92,7 @@ def make_spec(store: str, ds: xr.Dataset, stats: Stats, cfg: WindowConfig) -> Wi
             if c not in ds.data_vars or TIME in ds[c].dims:
                 raise DataError(f"store {store}: constant field '{c}' not found (need dims latitude, longitude)")
     else:
-        consts = [str(v) for v in ds.data_vars if TIME not in ds[v].dims and set(ds[v].dims) == {LAT, LON}]
+        consts = sorted(str(v) for v in ds.data_vars if TIME not in ds[v].dims and set(ds[v].dims) == {LAT, LON})
     in_names = [c.name for c in inputs]
     missing = [t.name for t in targets if t.name not in in_names]
     if cfg.residual and missing:
@@ -137,11 +138,16 @@ def valid_anchors(ds: xr.Dataset, history: int, lead_steps: int) -> np.ndarray:
 
 
 def _parse_range(text: str, key: str) -> tuple[np.datetime64, np.datetime64]:
+    msg = f"data.{key} must be 'start/end' dates (e.g. 2000-01-01/2000-03-01), got {text!r}"
     try:
-        a, b = text.split("/")
-        return np.datetime64(pd.Timestamp(a), "ns"), np.datetime64(pd.Timestamp(b), "ns")
-    except ValueError:
-        raise ConfigError(f"data.{key} must be 'start/end' dates (e.g. 2000-01-01/2000-03-01), got {text!r}") from None
+        a, b = (pd.Timestamp(x) for x in text.split("/"))
+    except (ValueError, TypeError):
+        raise ConfigError(msg) from None
+    if pd.isna(a) or pd.isna(b):
+        raise ConfigError(msg)
+    if b < a:
+        raise ConfigError(f"data.{key}: end {b} is before start {a}")
+    return np.datetime64(a, "ns"), np.datetime64(b, "ns")
 
 
 def split_anchors(ds: xr.Dataset, anchors: np.ndarray, cfg: WindowConfig) -> dict[str, np.ndarray]:
@@ -150,8 +156,15 @@ def split_anchors(ds: xr.Dataset, anchors: np.ndarray, cfg: WindowConfig) -> dic
     first = times[anchors - (cfg.history - 1)]
     last = times[anchors + cfg.lead_steps]
     if any((cfg.train_range, cfg.val_range, cfg.test_range)):
+        # Explicit ranges: a split without one is empty. Ranges are inclusive, so they may not touch:
+        # a shared end point would be a training target and a validation input at once.
         ranges = {s: _parse_range(getattr(cfg, f"{s}_range"), f"{s}_range")
                   for s in SPLITS if getattr(cfg, f"{s}_range")}
+        named = list(ranges.items())
+        for i, (s1, (a1, b1)) in enumerate(named):
+            for s2, (a2, b2) in named[i + 1:]:
+                if a1 <= b2 and a2 <= b1:
+                    raise ConfigError(f"data.{s1}_range and data.{s2}_range overlap; splits must be disjoint in time")
     else:
         edges = np.cumsum([0.0, *cfg.split_fractions])
         idx = np.clip(np.round(edges * (times.size - 1)).astype(int), 0, times.size - 1)
