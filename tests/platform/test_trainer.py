@@ -159,11 +159,11 @@ def test_nan_in_training_data_stops_the_run_with_one_line(ray_session, tmp_path,
 
     store = tmp_path / "nan.zarr"
     write_tiny_store(store, n_traj=2, steps=10, grid=(8, 16), levels=(500,))
-    ds = xr.open_zarr(store)
+    ds = xr.open_zarr(store, consolidated=False)
     z = ds.geopotential.load()
     z[3, 0, 2, 2] = float("nan")  # inside the first trajectory: a training window
-    z.to_dataset().to_zarr(store, mode="r+", region={"time": slice(0, 20), "level": slice(0, 1),
-                                                     "latitude": slice(0, 8), "longitude": slice(0, 16)})
+    region = {"time": slice(0, 20), "level": slice(0, 1), "latitude": slice(0, 8), "longitude": slice(0, 16)}
+    z.to_dataset().to_zarr(store, mode="r+", consolidated=False, region=region)
     rc, res, err = _run(capsys, store, tmp_path, f"out_dir={tmp_path / 'run'}", "train.max_failures=0",
                         "train.epochs=1", "data.split_fractions=[1.0,0.0,0.0]")
     assert rc == 2 and res is None
