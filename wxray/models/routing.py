@@ -141,6 +141,25 @@ class SparseRouter(nn.Module):
             x = self._block(block, x, generator, block_kwargs)
         return x
 
+    def run_middle(
+        self,
+        x0: Tensor,
+        indices: Tensor,
+        generator: torch.Generator | None = None,
+        token_kwargs: Sequence[str] = (),
+        block_kwargs: dict | None = None,
+    ) -> tuple[Tensor, Tensor]:
+        """(h0, h): the gathered tokens and what the middle blocks make of them; per-token kwargs gathered too."""
+        middle_kwargs = {
+            name: gather_tokens(v, indices) if name in token_kwargs else v for name, v in (block_kwargs or {}).items()
+        }
+        n1, n2, _ = self.split
+        h0 = gather_tokens(x0, indices)
+        h = h0
+        for block in self.blocks[n1 : n1 + n2]:
+            h = self._block(block, h, generator, middle_kwargs)
+        return h0, h
+
     def sparse_stage(
         self,
         x0: Tensor,
@@ -151,15 +170,7 @@ class SparseRouter(nn.Module):
         block_kwargs: dict | None = None,
     ) -> Tensor:
         """Middle blocks on the tokens at `indices` (B, K); Eq. 8-9. Public so tests can probe it."""
-        block_kwargs = dict(block_kwargs or {})
-        middle_kwargs = {
-            name: gather_tokens(v, indices) if name in token_kwargs else v for name, v in block_kwargs.items()
-        }
-        n1, n2, _ = self.split
-        h0 = gather_tokens(x0, indices)
-        h = h0
-        for block in self.blocks[n1 : n1 + n2]:
-            h = self._block(block, h, generator, middle_kwargs)
+        h0, h = self.run_middle(x0, indices, generator, token_kwargs, block_kwargs)
         delta = h - h0
         gate = self.selector.delta_gate(x0, indices, context)
         if gate is not None:

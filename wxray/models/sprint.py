@@ -17,7 +17,7 @@ from torch import Tensor
 
 from wxray.models.reslim import ResSlimViT
 from wxray.models.routing import SparseRouter
-from wxray.models.selectors import RoutingContext, TokenSelector, gather_tokens
+from wxray.models.selectors import RoutingContext, TokenSelector
 
 
 class SprintRouter(SparseRouter):
@@ -46,14 +46,7 @@ class SprintRouter(SparseRouter):
         token_kwargs: Sequence[str] = (),
         block_kwargs: dict | None = None,
     ) -> Tensor:
-        block_kwargs = dict(block_kwargs or {})
-        middle_kwargs = {
-            name: gather_tokens(v, indices) if name in token_kwargs else v for name, v in block_kwargs.items()
-        }
-        n1, n2, _ = self.split
-        h = gather_tokens(x0, indices)
-        for block in self.blocks[n1 : n1 + n2]:
-            h = self._block(block, h, generator, middle_kwargs)
+        _, h = self.run_middle(x0, indices, generator, token_kwargs, block_kwargs)
         filled = self.mask_token.expand_as(x0).scatter(1, indices.unsqueeze(-1).expand_as(h), h)
         return self.fuse(torch.cat([x0, filled], dim=-1))
 
