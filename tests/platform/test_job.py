@@ -1,22 +1,18 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import mlflow
 
 from wxray.errors import DataError
-from wxray.platform.job import run_job
-from wxray.platform.tracking import TrackingConfig
+from wxray.platform.job import JobConfig, run_job
 
 
 @dataclass
-class ToyConfig:
+class ToyConfig(JobConfig):
     x: float = 1.0
     fail: bool = False
-    out_dir: str = ""
-    run_name: str = ""
-    tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
 
 def toy_main(cfg, ctx):

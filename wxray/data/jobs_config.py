@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from wxray.errors import ConfigError
-from wxray.platform.tracking import TrackingConfig
+from wxray.platform.job import JobConfig
 
 
 def parse_grid(grid: str) -> tuple[int, int]:
@@ -21,7 +21,7 @@ def parse_grid(grid: str) -> tuple[int, int]:
 
 
 @dataclass
-class PrepareDataConfig:
+class PrepareDataConfig(JobConfig):
     """`jobs/prepare_data.py source=<file|glob|zarr> out=<store> ...`"""
 
     source: str = ""  # a GRIB / NetCDF file, a glob of them, or a zarr store
@@ -32,9 +32,6 @@ class PrepareDataConfig:
     allow_missing: bool = False  # keep NaN / missing values (masked) instead of rejecting the source
     clim_window_days: int = 15  # half width of the day-of-year window of the climatology
     overwrite: bool = False  # replace an existing store at `out`
-    out_dir: str = ""
-    run_name: str = ""
-    tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
     def validate(self) -> None:
         if not self.source:
@@ -49,7 +46,7 @@ class PrepareDataConfig:
 
 
 @dataclass
-class SampleDataConfig:
+class SampleDataConfig(JobConfig):
     """`jobs/make_sample_data.py out=<store> grid=32x64 days=<n> seed=<s> trajectories=<k>`"""
 
     out: str = "data/sample_32x64.zarr"  # the default store of the training job
@@ -60,9 +57,6 @@ class SampleDataConfig:
     spinup_days: int = 5  # integrated and discarded before each trajectory's first kept step
     clim_window_days: int = 15
     overwrite: bool = False
-    out_dir: str = ""
-    run_name: str = ""
-    tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
     def validate(self) -> None:
         parse_grid(self.grid)

@@ -22,8 +22,15 @@ import numpy as np
 
 from wxray.data.schema import open_stats, open_store
 from wxray.errors import ConfigError
-from wxray.platform.windows import SPLITS, WindowConfig, WindowReader, WindowSpec, make_spec, split_anchors
-from wxray.platform.windows import valid_anchors as _valid_anchors
+from wxray.platform.windows import (
+    SPLITS,
+    WindowConfig,
+    WindowReader,
+    WindowSpec,
+    make_spec,
+    split_anchors,
+    valid_anchors,
+)
 
 DEFAULT_SAMPLE_STORE = "data/sample_32x64.zarr"
 
@@ -67,7 +74,7 @@ def prepare_windows(cfg: DataConfig) -> WindowData:
                             trajectories=cfg.sample_trajectories, seed=cfg.sample_seed)
     ds = open_store(store)
     spec = make_spec(str(store.resolve()), ds, open_stats(store), cfg)
-    anchors = _valid_anchors(ds, cfg.history, cfg.lead_steps)
+    anchors = valid_anchors(ds, cfg.history, cfg.lead_steps)
     splits = split_anchors(ds, anchors, cfg)
     rng = np.random.default_rng(cfg.shuffle_seed)
     splits["train"] = rng.permutation(splits["train"])

@@ -20,9 +20,18 @@ from typing import Any, TypeVar
 from wxray.config import dump_yaml, flatten, load_config, to_dict
 from wxray.errors import WxrayError
 from wxray.io import write_json, write_text
-from wxray.platform.tracking import Tracker
+from wxray.platform.tracking import Tracker, TrackingConfig
 
-C = TypeVar("C")
+C = TypeVar("C", bound="JobConfig")
+
+
+@dataclass
+class JobConfig:
+    """The keys every job has; each job's config dataclass inherits them."""
+
+    out_dir: str = ""  # "" = runs/<job>/<UTC timestamp>
+    run_name: str = ""  # MLflow run name ("" = <job>-<out_dir name>)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
 
 @dataclass
@@ -31,7 +40,6 @@ class JobContext:
     out_dir: Path
     tracker: Tracker
     keep_on_failure: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def default_out_dir(job: str) -> Path:
@@ -52,11 +60,11 @@ def run_job(job: str, cfg_cls: type[C], main: Callable[[C, JobContext], dict[str
     except WxrayError as e:
         return _fail(str(e))
 
-    out_dir = Path(getattr(cfg, "out_dir", "") or default_out_dir(job))
+    out_dir = Path(cfg.out_dir or default_out_dir(job))
     created = not out_dir.exists()
     out_dir.mkdir(parents=True, exist_ok=True)
     write_text(out_dir / "config.yaml", dump_yaml(cfg))
-    run_name = getattr(cfg, "run_name", "") or f"{job}-{out_dir.name}"
+    run_name = cfg.run_name or f"{job}-{out_dir.name}"
     tracker = None
     ctx = None
     try:

@@ -42,10 +42,6 @@ class Reporter:
             except Exception as e:  # a tracking hiccup (locked sqlite, server restart) must not kill training
                 warnings.warn(f"MLflow logging failed at step {step}: {type(e).__name__}: {e}", stacklevel=2)
 
-    def log_artifact(self, path: str) -> None:
-        if self._client is not None:
-            self._client.log_artifact(self._run_id, path)
-
     def report(self, metrics: dict[str, Any], step: int, checkpoint=None) -> None:
         self.log(metrics, step)
         if self.use_ray:

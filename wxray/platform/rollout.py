@@ -12,20 +12,17 @@ import xarray as xr
 from tqdm.auto import tqdm
 
 from wxray.data.schema import LAT, LEVEL, LON, TIME, time_step
-from wxray.platform.windows import WindowReader, WindowSpec, to_physical
+from wxray.platform.windows import WindowReader, WindowSpec, per_channel, to_physical, valid_anchors
 
 
 def rollout_anchors(ds: xr.Dataset, test_anchors: np.ndarray, spec: WindowSpec, steps: int) -> np.ndarray:
-    from wxray.platform.windows import valid_anchors
-
     ok = valid_anchors(ds, spec.history, steps * spec.lead_steps)
     return np.intersect1d(test_anchors, ok)
 
 
 def _normalise_state(spec: WindowSpec, phys: torch.Tensor) -> torch.Tensor:
-    m = torch.as_tensor(spec.in_mean[spec.target_in_input], dtype=phys.dtype)[None, :, None, None]
-    s = torch.as_tensor(spec.in_std[spec.target_in_input], dtype=phys.dtype)[None, :, None, None]
-    return (phys - m) / s
+    base = spec.target_in_input
+    return (phys - per_channel(spec.in_mean[base], phys)) / per_channel(spec.in_std[base], phys)
 
 
 @torch.no_grad()

@@ -9,7 +9,7 @@ from typing import Literal
 from wxray.errors import ConfigError
 from wxray.platform.accelerators import Precision, ScalingCfg
 from wxray.platform.datasets import DataConfig
-from wxray.platform.tracking import TrackingConfig
+from wxray.platform.job import JobConfig
 
 Selection = Literal["random", "topk_attention", "learned", "laplacian", "activation_norm"]
 
@@ -101,16 +101,14 @@ class LoopConfig:
 
 
 @dataclass
-class TrainSparseConfig:
+class TrainSparseConfig(JobConfig):
     data: DataConfig = field(default_factory=lambda: DataConfig(history=2, lead_steps=1, batch_size=8))
     model: ModelConfig = field(default_factory=ModelConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: LoopConfig = field(default_factory=LoopConfig)
     scaling: ScalingCfg = field(default_factory=ScalingCfg)
     ray_address: str = ""  # "" = RAY_ADDRESS (ray job submit) or a local cluster
-    out_dir: str = ""  # "" = runs/train_sparse/<run_name or UTC timestamp>
-    run_name: str = ""  # same run_name again = resume from its last checkpoint
-    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    # JobConfig: out_dir "" = runs/train_sparse/<run_name or UTC timestamp>; the same run_name again resumes.
 
     def validate(self) -> None:
         if self.run_name and not self.out_dir:

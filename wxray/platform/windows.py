@@ -247,26 +247,24 @@ class WindowReader:
         return {"x": np.ascontiguousarray(x, dtype=np.float32), "y": y.astype(np.float32), "anchor": anchors}
 
 
+def per_channel(values: np.ndarray, like):
+    """(C,) statistics shaped (1, C, 1, 1): numpy for a numpy `like`, else a tensor on `like`'s device."""
+    v = values[None, :, None, None]
+    if isinstance(like, np.ndarray):
+        return v
+    import torch
+
+    return torch.as_tensor(v, dtype=like.dtype, device=like.device)
+
+
 def to_physical(spec: WindowSpec, y_norm, x_norm):
     """Normalised model output (+ its normalised input) -> target state in physical units.
 
     Works on numpy arrays or torch tensors of shape (b, V_out, h, w) / (b, C_in, h, w).
     """
-    mean = spec.out_mean[None, :, None, None]
-    std = spec.out_std[None, :, None, None]
-    if not isinstance(y_norm, np.ndarray):
-        import torch
-
-        mean, std = torch.as_tensor(mean, device=y_norm.device), torch.as_tensor(std, device=y_norm.device)
-    y = y_norm * std + mean
+    y = y_norm * per_channel(spec.out_std, y_norm) + per_channel(spec.out_mean, y_norm)
     if spec.residual:
-        v = len(spec.inputs)
-        last = x_norm[:, (spec.history - 1) * v: spec.history * v][:, spec.target_in_input]
-        m = spec.in_mean[spec.target_in_input][None, :, None, None]
-        sd = spec.in_std[spec.target_in_input][None, :, None, None]
-        if not isinstance(y_norm, np.ndarray):
-            import torch
-
-            m, sd = torch.as_tensor(m, device=y.device), torch.as_tensor(sd, device=y.device)
-        y = y + last * sd + m
+        v, base = len(spec.inputs), spec.target_in_input
+        last = x_norm[:, (spec.history - 1) * v: spec.history * v][:, base]
+        y = y + last * per_channel(spec.in_std[base], y) + per_channel(spec.in_mean[base], y)
     return y

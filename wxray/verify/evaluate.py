@@ -20,8 +20,7 @@ import xarray as xr
 from wxray.data.schema import TIME, channels
 from wxray.errors import ConfigError, DataError
 from wxray.io import atomic_path
-from wxray.platform.job import JobContext
-from wxray.platform.tracking import TrackingConfig
+from wxray.platform.job import JobConfig, JobContext
 from wxray.verify.forecasts import (
     INIT,
     LEAD,
@@ -41,7 +40,7 @@ HEADLINE_METRICS = ("rmse", "crps", "ssr", "acc")
 
 
 @dataclass
-class EvaluateConfig:
+class EvaluateConfig(JobConfig):
     forecast: str = ""  # forecast zarr (or netCDF/GRIB) in the init_time x lead_time convention
     truth: str = ""  # a wxray store, or an ERA5 netCDF/GRIB file with a time dim
     baseline: str = ""  # a second forecast, or "persistence" (from the truth at the same inits)
@@ -58,9 +57,6 @@ class EvaluateConfig:
     significance: float = 0.05
     seed: int = 0
     plots: bool = True
-    out_dir: str = ""
-    run_name: str = ""
-    tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
     def validate(self) -> None:
         if bool(self.forecast) == self.make_persistence:

@@ -50,6 +50,15 @@ def _line(ax, x, sel: xr.Dataset, prefix: str, label: str, color: str, significa
     ax.plot(x[~sig], y[~sig], "o", mfc="white", color=color)
 
 
+def _save(fig, path: Path, axes=None, used: int | None = None) -> Path:
+    """Hide the panels a grid did not need, then write the figure."""
+    if axes is not None and used is not None:
+        for ax in list(axes.flat)[used:]:
+            ax.set_visible(False)
+    fig.savefig(path, dpi=80)
+    return path
+
+
 def plot_metric(ds: xr.Dataset, metric: str, path: Path) -> Path:
     """Score vs lead per channel with its CI band; with a baseline, markers filled where significant."""
     channels = ds["channel"].values
@@ -65,10 +74,7 @@ def plot_metric(ds: xr.Dataset, metric: str, path: Path) -> Path:
             _line(ax, x, sel, "", "forecast", "tab:blue")
         ax.set(title=str(ch), xlabel="lead time (h)", ylabel=metric)
         ax.legend(fontsize="small")
-    for ax in list(axes.flat)[len(channels):]:
-        ax.set_visible(False)
-    fig.savefig(path, dpi=80)
-    return path
+    return _save(fig, path, axes, used=len(channels))
 
 
 def plot_spread_skill(ds: xr.Dataset, path: Path) -> Path:
@@ -84,10 +90,7 @@ def plot_spread_skill(ds: xr.Dataset, path: Path) -> Path:
         ax.axhline(1.0, color="k", lw=0.8, ls="--")
         ax.set(title=str(ch), xlabel="lead time (h)", ylabel="spread-skill ratio")
         ax.legend(fontsize="small")
-    for ax in list(axes.flat)[len(channels):]:
-        ax.set_visible(False)
-    fig.savefig(path, dpi=80)
-    return path
+    return _save(fig, path, axes, used=len(channels))
 
 
 def plot_rank_histograms(ds: xr.Dataset, path: Path) -> Path:
@@ -100,8 +103,7 @@ def plot_rank_histograms(ds: xr.Dataset, path: Path) -> Path:
             ax.bar(ranks, ds["rank_histogram"].sel(channel=ch).isel({LEAD: j}).values, color="tab:blue")
             ax.axhline(1.0 / len(ranks), color="k", lw=0.8, ls="--")
             ax.set(title=f"{ch} +{_hours(ds)[j]:g} h", xlabel="rank of truth")
-    fig.savefig(path, dpi=80)
-    return path
+    return _save(fig, path)
 
 
 def plot_maps(ds: xr.Dataset, channel: str, path: Path) -> Path:
@@ -117,8 +119,7 @@ def plot_maps(ds: xr.Dataset, channel: str, path: Path) -> Path:
             mesh = ax.pcolormesh(lon, lat, field, shading="auto", cmap="viridis")
             fig.colorbar(mesh, ax=ax, shrink=0.8)
             ax.set(title=f"{k.removesuffix('_map')} {channel} +{_hours(ds)[j]:g} h")
-    fig.savefig(path, dpi=80)
-    return path
+    return _save(fig, path)
 
 
 def write_plots(ds: xr.Dataset, folder: Path) -> list[Path]:
