@@ -10,12 +10,11 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
+from tests.fixture_files import ERA5_CORRUPTED as CORRUPTED  # noqa: F401  (re-exported)
+from tests.fixture_files import ERA5_MEMBERS as MEMBERS  # noqa: F401
+from tests.fixture_files import ERAINT, MISSING_GRIB  # noqa: F401
+
 ROOT = Path(__file__).resolve().parents[2]
-SHARED = (ROOT / ".." / "shared" / "data").resolve()
-ERAINT = SHARED / "eraint_uvz.nc"
-MEMBERS = SHARED / "era5-levels-members.grib"
-CORRUPTED = SHARED / "era5-levels-corrupted.grib"
-MISSING_GRIB = SHARED / "fields_with_missing_values.grib"
 
 
 def load_job(name: str):

@@ -17,7 +17,8 @@ import pandas as pd
 import pytest
 import xarray as xr
 
-ERA5_MEMBERS = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "era5-levels-members.grib"
+from tests.fixture_files import ERA5_MEMBERS  # noqa: F401  (used by the test modules too)
+
 LEVELS = (500, 850)
 
 
@@ -114,5 +115,5 @@ def store(tmp_path) -> Path:
 
 @pytest.fixture(scope="session")
 def era5_members() -> xr.Dataset:
-    """The 10 real ERA5 EDA members (opened without writing an index: shared/ is read-only)."""
+    """The 10 real ERA5 EDA members (opened without writing an index beside the fixture)."""
     return xr.open_dataset(ERA5_MEMBERS, engine="cfgrib", backend_kwargs={"indexpath": ""}).load()
