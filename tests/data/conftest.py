@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.data.data_helpers import JobRun, load_job
-from wxray.platform.job import run_job
+from wxray.job import run_job
 
 
 @pytest.fixture(scope="session")

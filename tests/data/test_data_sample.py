@@ -9,7 +9,7 @@ import xarray as xr
 import wxray.data.sample as sample
 from wxray.data.sample import VARIABLES, ensure_sample_store, generate_sample
 from wxray.data.schema import open_stats, open_store
-from wxray.platform.job import run_job
+from wxray.job import run_job
 
 GRID = (16, 32)
 KW = {"grid": GRID, "days": 2, "trajectories": 2, "spinup_days": 1}

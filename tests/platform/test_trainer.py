@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tests.platform.conftest import write_tiny_store
-from wxray.platform.job import run_job
+from wxray.job import run_job
 from wxray.platform.train_config import TrainSparseConfig
 from wxray.platform.trainer import train_sparse
 

@@ -15,7 +15,7 @@ import xarray as xr
 
 from tests.verify.conftest import ERA5_MEMBERS, make_store, nested_forecast
 from wxray.data.schema import open_store
-from wxray.platform.job import run_job
+from wxray.job import run_job
 from wxray.verify import crps_fair, persistence_forecast, rmse, truth_at
 from wxray.verify.evaluate import EvaluateConfig, evaluate
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from wxray.errors import ConfigError
-from wxray.platform.job import JobConfig
+from wxray.job import JobConfig
 
 
 def parse_grid(grid: str) -> tuple[int, int]:

@@ -21,7 +21,7 @@ from wxray.io import atomic_path
 from wxray.platform import accelerators as acc
 from wxray.platform import checkpoints
 from wxray.platform.datasets import WindowData, build_datasets, exactly_once_data_config, prepare_windows
-from wxray.platform.job import JobContext
+from wxray.job import JobContext
 from wxray.platform.rollout import rollout, rollout_anchors, score_per_lead, to_forecast_dataset
 from wxray.platform.train_config import TrainSparseConfig
 from wxray.platform.trainer_loop import build_forecaster, model_identity, train_fn_per_worker

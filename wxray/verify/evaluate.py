@@ -20,7 +20,7 @@ import xarray as xr
 from wxray.data.schema import TIME, channels
 from wxray.errors import ConfigError, DataError
 from wxray.io import atomic_path
-from wxray.platform.job import JobConfig, JobContext
+from wxray.job import JobConfig, JobContext
 from wxray.verify.forecasts import (
     INIT,
     LEAD,

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import mlflow
 
 from wxray.errors import DataError
-from wxray.platform.job import JobConfig, run_job
+from wxray.job import JobConfig, run_job
 
 
 @dataclass

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 from wxray.config import dump_yaml, flatten, load_config, to_dict
 from wxray.errors import WxrayError
 from wxray.io import write_json, write_text
-from wxray.platform.tracking import Tracker, TrackingConfig
+from wxray.tracking import Tracker, TrackingConfig
 
 C = TypeVar("C", bound="JobConfig")
 
