@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from wxray.errors import ConfigError
+from wxray.job import JobConfig
 from wxray.platform.accelerators import Precision, ScalingCfg
 from wxray.platform.datasets import DataConfig
-from wxray.job import JobConfig
 
 Selection = Literal["random", "topk_attention", "learned", "laplacian", "activation_norm"]
 

@@ -18,10 +18,10 @@ from wxray.config import to_dict
 from wxray.data.schema import open_store
 from wxray.errors import CheckpointError, ConfigError, DataError, WxrayError
 from wxray.io import atomic_path
+from wxray.job import JobContext
 from wxray.platform import accelerators as acc
 from wxray.platform import checkpoints
 from wxray.platform.datasets import WindowData, build_datasets, exactly_once_data_config, prepare_windows
-from wxray.job import JobContext
 from wxray.platform.rollout import rollout, rollout_anchors, score_per_lead, to_forecast_dataset
 from wxray.platform.train_config import TrainSparseConfig
 from wxray.platform.trainer_loop import build_forecaster, model_identity, train_fn_per_worker
