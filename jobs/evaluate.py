@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sys
 
-from wxray.platform.job import run_job
+from wxray.job import run_job
 from wxray.verify.evaluate import EvaluateConfig, evaluate
 
 

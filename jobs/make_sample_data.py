@@ -14,7 +14,7 @@ import sys
 
 from wxray.data.jobs_config import SampleDataConfig, parse_grid
 from wxray.data.sample import make_sample_store
-from wxray.platform.job import JobContext, run_job
+from wxray.job import JobContext, run_job
 
 
 def main(cfg: SampleDataConfig, ctx: JobContext) -> dict:

@@ -16,7 +16,7 @@ import time
 
 from wxray.data.convert import prepare_data
 from wxray.data.jobs_config import PrepareDataConfig
-from wxray.platform.job import JobContext, run_job
+from wxray.job import JobContext, run_job
 
 
 def main(cfg: PrepareDataConfig, ctx: JobContext) -> dict:

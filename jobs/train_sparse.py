@@ -8,7 +8,7 @@
 
 import sys
 
-from wxray.platform.job import run_job
+from wxray.job import run_job
 from wxray.platform.train_config import TrainSparseConfig
 from wxray.platform.trainer import train_sparse
 
