@@ -66,7 +66,7 @@ def synthetic(n_times: int = 6, levels: tuple[int, ...] = (500, 850), nlat: int 
 
 
 def to_store_order(da: xr.DataArray) -> xr.DataArray:
-    """What the converter must produce from a source array: lat ascending, lon wrapped and ascending."""
+    """What the converter makes of a global source array: lat ascending, lon wrapped into [0, 360), ascending."""
     lat = "lat" if "lat" in da.dims else "latitude"
     lon = "lon" if "lon" in da.dims else "longitude"
     da = da.assign_coords({lon: np.mod(da[lon].values, 360.0)})

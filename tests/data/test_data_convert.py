@@ -24,7 +24,11 @@ def _open(path):
 def _check_layout(ds: xr.Dataset) -> None:
     assert np.all(np.diff(ds.latitude.values) > 0), "latitude must ascend"
     lon = ds.longitude.values
-    assert np.all(np.diff(lon) > 0) and lon.min() >= 0 and lon.max() < 360
+    assert np.all(np.diff(lon) > 0), "longitude must ascend"
+    if ds.attrs.get("longitude_convention", "0-360") == "0-360":
+        assert lon.min() >= 0 and lon.max() < 360
+    else:
+        assert ds.attrs["grid_kind"] == "regional" and lon.min() > -180 and lon.max() <= 180
     for v in ds.data_vars:
         assert ds[v].dtype == np.float32, v
         assert ds[v].dims[0] == "time" and ds[v].dims[-2:] == ("latitude", "longitude"), ds[v].dims
@@ -153,11 +157,10 @@ def test_regional_netcdf4_grid_crossing_greenwich(tmp_path):
     ds = open_store(out)
     _check_layout(ds)
     assert ds.latitude.values.tolist() == [30.0, 35.0, 40.0, 45.0, 50.0, 55.0, 60.0]
-    assert ds.longitude.values.tolist() == [0, 5, 10, 15, 20, 25, 30, 340, 345, 350, 355]
-    for lat, lon in ((30.0, 340.0), (60.0, 0.0), (45.0, 355.0)):
-        src_lon = lon - 360 if lon >= 180 else lon
-        np.testing.assert_array_equal(ds.temperature.sel(latitude=lat, longitude=lon).values,
-                                      src.t.sel(lat=lat, lon=src_lon).values)
+    # the box stays in one piece: no seam between 30 E and 340 E inside the grid
+    assert ds.longitude.values.tolist() == [-20, -15, -10, -5, 0, 5, 10, 15, 20, 25, 30]
+    assert ds.attrs["grid_kind"] == "regional" and ds.attrs["longitude_convention"] == "-180-180"
+    np.testing.assert_array_equal(ds.temperature.values, src.t.sortby("lat").values)
 
 
 def test_glob_of_files_split_by_time_and_variable(tmp_path):

@@ -3,8 +3,9 @@
     convert_source("era5.grib", "data/era5.zarr", variables=["z", "t"], levels=[500, 850], member="mean")
 
 Steps: open every part lazily (`wxray.data.sources`), map it onto the conventions (`wxray.data.normalize`:
-long names, latitude ascending, longitude in [0, 360) ascending, valid time, hPa levels, auxiliary
-coordinates dropped), keep the requested variables / levels / ensemble member (or the ensemble mean),
+long names, latitude ascending, longitude ascending — [0, 360) for a global grid, contiguous for a regional
+one, (-180, 180] when it crosses 0 E; store attrs `grid_kind`, `longitude_convention` —, valid time, hPa
+levels, auxiliary coordinates dropped), keep the requested variables / levels / ensemble member (or the ensemble mean),
 then write float32 blocks (one time step per zarr chunk, zarr v3, unconsolidated) into a temporary
 sibling of `out` (`wxray.io.atomic_path`), add the `stats/*` groups (`wxray.data.stats`) and rename.
 Any failure — unreadable or corrupt file, missing variable or level, NaNs, a bad time axis — is a
@@ -28,7 +29,7 @@ from tqdm.auto import tqdm
 
 import wxray
 from wxray.data.normalize import MEMBER, Segment, combine, select
-from wxray.data.schema import LAT, LEVEL, LON, TIME, TRAJECTORY
+from wxray.data.schema import LAT, LEVEL, LON, TIME, TRAJECTORY, grid_attrs
 from wxray.data.sources import first_line, open_source
 from wxray.data.stats import add_stats
 from wxray.data.writer import StoreWriter, block_steps, clean_attrs
@@ -36,7 +37,8 @@ from wxray.errors import DataError
 from wxray.io import atomic_path
 
 CONVENTIONS = ("wxray store v1: WeatherBench 2 names, dims (time, [level,] latitude, longitude), latitude "
-               "ascending, longitude in [0, 360) ascending, float32, one time step per chunk")
+               "ascending, longitude ascending in [0, 360) (global grids; regional ones contiguous, in "
+               "(-180, 180] when crossing 0 E), float32, one time step per chunk")
 
 
 @dataclass
@@ -157,7 +159,7 @@ def convert_source(source: str, out: str | Path, variables: list[str] | tuple[st
                  "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
                  "member": "none" if member is None else str(member), "allow_missing": allow_missing,
                  "n_missing": n_missing, "n_missing_per_variable": missing.per_var,
-                 "clim_window_days": clim_window_days}
+                 "clim_window_days": clim_window_days, **grid_attrs(ref[LON].values)}
         if "wxray_time_note" in ref.attrs:
             attrs["time_note"] = ref.attrs["wxray_time_note"]
         writer.set_attrs(attrs)

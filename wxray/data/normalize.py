@@ -9,9 +9,10 @@
 * auxiliary coordinates (step, valid_time, number when scalar, surface, heightAboveGround, expver, ...)
   are dropped and size-1 auxiliary dimensions squeezed; `trajectory` on time is kept;
 * levels in hPa as int (Pa converted), ascending;
-* latitude sorted ascending (south to north); longitude wrapped into [0, 360) and sorted ascending. A
-  regional grid keeps its extent (no global assumption) — one crossing the Greenwich meridian comes out
-  ordered 0..east edge then west edge..360, as the convention requires.
+* latitude sorted ascending (south to north); longitude ascending and contiguous
+  (`wxray.data.schema.canonical_longitudes`): a global grid (n * dlon = 360) in [0, 360); a regional box
+  keeps its extent and its columns side by side — in [0, 360) when it fits there, in (-180, 180] when it
+  crosses the prime meridian (10 W..2 E, given as -10..2 or as 350..359.75 + 0..2, becomes -10..2).
 
 `select(parts, variables, levels, member)` keeps what was asked for (errors name the missing variable
 or level and the file), `combine(parts)` merges parts sharing a time axis (variables split over files or
@@ -34,6 +35,7 @@ from wxray.data.schema import (
     SHORT_NAMES,
     TIME,
     TRAJECTORY,
+    canonical_longitudes,
 )
 from wxray.data.sources import Part
 from wxray.errors import DataError
@@ -143,9 +145,7 @@ def _grid(ds: xr.Dataset, where: str) -> xr.Dataset:
         ds = ds.isel({LAT: slice(None, None, -1)})
     elif not np.array_equal(order, np.arange(lat.size)):
         ds = ds.isel({LAT: order})
-    lon = np.mod(np.asarray(ds[LON].values, dtype=np.float64), 360.0)
-    if np.unique(lon).size != lon.size:
-        raise DataError(f"{where}: duplicated longitudes after wrapping into [0, 360)")
+    lon, _, _ = canonical_longitudes(ds[LON].values, where)
     ds = ds.assign_coords({LAT: np.sort(lat), LON: lon})
     order = np.argsort(lon, kind="stable")
     if not np.array_equal(order, np.arange(lon.size)):
