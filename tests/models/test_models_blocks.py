@@ -80,6 +80,16 @@ def test_attention_received_matches_explicit_softmax_and_uniform_case():
     torch.testing.assert_close(attn.attention_received(x), torch.full((2, 12), 1 / 12))
 
 
+def test_block_returns_attention_received_from_its_forward_with_the_same_output():
+    torch.manual_seed(0)
+    block = Block(32, 4, dropout=0.2, drop_path=0.1).train()
+    x = torch.randn(2, 12, 32)
+    y, received = block(x, gen(0), return_attention=True)
+    assert torch.equal(y, block(x, gen(0)))  # the SDPA output, same draws: asking costs nothing in accuracy
+    torch.testing.assert_close(received, block.attention_received(x))
+    assert not received.requires_grad
+
+
 def test_bad_rates_raise():
     with pytest.raises(ValueError, match="dropout"):
         Dropout(1.0)

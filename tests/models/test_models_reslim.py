@@ -115,6 +115,45 @@ def test_sincos_position_embedding_is_distinct_per_token():
     assert torch.cdist(pe, pe).add(torch.eye(128)).min() > 1e-3
 
 
+def test_learned_position_embedding_starts_at_sincos_and_trains(tiny_kwargs, tiny_input):
+    model = build_model("reslim", **tiny_kwargs, keep_ratio=0.25)  # pos_embed="learned" by default
+    pe = model.tokenizer.pos_embed
+    assert isinstance(pe, torch.nn.Parameter) and pe.shape == (1, 128, 32)
+    assert torch.equal(pe.detach(), sincos_pos_embed_2d(32, 8, 16))
+    assert "tokenizer.pos_embed" in model.state_dict()
+    model(tiny_input, gen(0)).square().mean().backward()
+    assert pe.grad is not None and pe.grad.abs().sum() > 0
+
+
+def test_fixed_position_embedding_is_a_non_persistent_buffer(tiny_kwargs, tiny_input):
+    model = build_model("reslim", **tiny_kwargs, pos_embed="fixed")
+    pe = model.tokenizer.pos_embed
+    assert not isinstance(pe, torch.nn.Parameter)
+    assert torch.equal(pe, sincos_pos_embed_2d(32, 8, 16))
+    assert "tokenizer.pos_embed" in dict(model.named_buffers())
+    assert "tokenizer.pos_embed" not in model.state_dict()
+    assert all(p is not pe for p in model.parameters())
+    learned = build_model("reslim", **tiny_kwargs)
+    n = sum(p.numel() for p in learned.parameters()) - sum(p.numel() for p in model.parameters())
+    assert n == 128 * 32  # exactly the L x D table
+
+
+@pytest.mark.parametrize("name", ["reslim", "sprint"])
+def test_residual_stream_after_the_sparse_stage_stays_fp32_under_bf16_autocast(tiny_kwargs, tiny_input, name):
+    # Res-Slim's scatter_add keeps the fp32 stream; Sprint's fusion Linear returns bf16 under autocast and
+    # must be cast back, or its dense-late blocks would run on a bf16 stream and the baseline comparison
+    # would differ in precision as well as in the sparse stage.
+    model = build_model(name, **tiny_kwargs, keep_ratio=0.25)
+    seen = []
+    model.router.blocks[-1].register_forward_pre_hook(lambda mod, args: seen.append(args[0].dtype))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = model(tiny_input, gen(0))
+        if name == "sprint":  # the cast is what keeps it fp32
+            assert model.router.fuse(torch.zeros(1, 64)).dtype == torch.bfloat16
+    assert seen == [torch.float32]
+    assert torch.isfinite(y.float()).all()
+
+
 def test_activation_checkpointing_same_outputs_and_grads(tiny_kwargs, tiny_input):
     def run(checkpointing):
         torch.manual_seed(0)
@@ -152,6 +191,7 @@ def test_climax_has_no_cnn_skip_and_sprint_fuses_with_a_mask_token(tiny_kwargs, 
         ({"selection": "nope"}, "unknown selection"),
         ({"dropout": 1.0}, "dropout"),
         ({"history": 0}, "history"),
+        ({"pos_embed": "rope"}, "pos_embed must be"),
     ],
 )
 def test_bad_constructor_args_raise_value_error(tiny_kwargs, override, match):
@@ -163,7 +203,9 @@ def test_bad_factory_args_and_inputs_raise_value_error(tiny_kwargs):
     with pytest.raises(ValueError, match="unknown model"):
         build_model("unet", **tiny_kwargs)
     with pytest.raises(ValueError, match="keep_ratio must be 1.0"):
-        build_model("droppath", **tiny_kwargs, keep_ratio=0.5)
+        build_model("droppath", **tiny_kwargs, keep_ratio=0.5, drop_path=0.1)
+    with pytest.raises(ValueError, match=r"droppath needs drop_path > 0"):
+        build_model("droppath", **tiny_kwargs)
     with pytest.raises(ValueError, match="no CNN skip"):
         build_model("climax", **tiny_kwargs, cnn_skip=True)
     model = build_model("reslim", **tiny_kwargs)

@@ -123,16 +123,18 @@ def test_every_selection_strategy_runs_forward_and_backward(make_blocks, selecti
     assert x.grad is not None and torch.isfinite(x.grad).all()
     middle = blocks[1].attn.qkv.weight.grad
     assert middle is not None and middle.abs().sum() > 0
-    if selection == "learned":
-        head_grads = [p.grad for p in router.selector.parameters()]
+    head_grads = [p.grad for p in router.selector.parameters()]
+    if selection == "learned_st":  # the straight-through gate trains the head through the forecast loss
         assert all(g is not None for g in head_grads) and sum(g.abs().sum() for g in head_grads) > 0
+    if selection == "learned":  # ranks mode: the head learns from selector_loss alone, via kept logits
+        assert all(g is None for g in head_grads)
+        assert router.selector.last_logits.shape == (B, 32) and router.selector.last_logits.requires_grad
 
 
 def test_score_selectors_pick_the_highest_scores():
-    x = tokens(B=2, L=16)
-    norms = x.norm(dim=-1)
-    idx = make_selector("activation_norm").select(x, 4)
-    assert torch.equal(idx, norms.topk(4, dim=1).indices.sort(dim=1).values)
+    x, first = tokens(B=2, L=16), tokens(B=2, L=16, seed=8)
+    idx = make_selector("activation_norm").select(x, 4, context=RoutingContext(first_block=first))
+    assert torch.equal(idx, first.norm(dim=-1).topk(4, dim=1).indices.sort(dim=1).values)
     # laplacian: a field that is flat except one sharp patch must select that patch first
     fields = torch.zeros(2, 1, 8, 8)
     fields[:, :, 2:4, 6:8] = torch.tensor([[1.0, -1.0], [-1.0, 1.0]])  # patch (1, 3) -> token 7
@@ -144,9 +146,46 @@ def test_topk_attention_uses_last_dense_early_block(make_blocks):
     blocks = make_blocks(4)
     router = SparseRouter(blocks, (2, 1, 1), keep_ratio=0.25, selection="topk_attention")
     x = tokens()
-    router(x)
+    out = router(x)
     received = blocks[1].attention_received(blocks[0](x))
     assert torch.equal(router.last_indices, received.topk(10, dim=1).indices.sort(dim=1).values)
+    # asking block 1 for its attention leaves its output as the plain SDPA forward
+    manual = blocks[3](router.sparse_stage(blocks[1](blocks[0](x)), router.last_indices))
+    assert torch.equal(out, manual)
+
+
+def test_topk_attention_comes_out_of_block_forward_only(make_blocks, monkeypatch):
+    # FSDP2 unshards a block's parameters only around its forward: the router must not call any other
+    # block method. Any such call fails here, as it did with DTensor parameters.
+    blocks = make_blocks(4)
+    router = SparseRouter(blocks, (2, 1, 1), keep_ratio=0.25, selection="topk_attention")
+    x = tokens()
+    expected = blocks[1].attention_received(blocks[0](x)).topk(10, dim=1).indices.sort(dim=1).values
+
+    def outside_forward(*args, **kwargs):
+        raise AssertionError("attention_received called outside the block's forward")
+
+    for block in blocks:
+        monkeypatch.setattr(block, "attention_received", outside_forward)
+        monkeypatch.setattr(block.attn, "attention_received", outside_forward)
+    router.activation_checkpointing = True
+    out = router(x.requires_grad_(True))
+    out.sum().backward()
+    assert torch.equal(router.last_indices, expected)
+
+
+def test_activation_norm_scores_the_first_dense_early_block(make_blocks):
+    blocks = make_blocks(4)
+    router = SparseRouter(blocks, (2, 1, 1), keep_ratio=0.25, selection="activation_norm")
+    x = tokens()
+    router(x)
+    after_first, after_stage = blocks[0](x), blocks[1](blocks[0](x))
+    top = after_first.norm(dim=-1).topk(10, dim=1).indices.sort(dim=1).values
+    assert torch.equal(router.last_indices, top)
+    # and it is a different ranking from the end of the dense-early stage, so the test can tell them apart
+    assert not torch.equal(top, after_stage.norm(dim=-1).topk(10, dim=1).indices.sort(dim=1).values)
+    with pytest.raises(ValueError, match="first dense-early block"):
+        SparseRouter(make_blocks(4), (0, 3, 1), keep_ratio=0.5, selection="activation_norm")
 
 
 def test_learned_gate_is_exactly_one_in_the_forward(make_blocks):

@@ -12,7 +12,14 @@ from typing import Any
 from torch import nn
 
 from wxray.models.blocks import MLP, Attention, Block, Dropout, DropPath, enable_mc_dropout
-from wxray.models.losses import fair_crps, lat_weighted_mse, lat_weighted_mse_per_var, latitude_weights
+from wxray.models.losses import (
+    fair_crps,
+    lat_weighted_mse,
+    lat_weighted_mse_per_var,
+    latitude_weights,
+    per_patch_error,
+    selector_loss,
+)
 from wxray.models.reslim import (
     CNNSkip,
     ResSlimViT,
@@ -26,6 +33,7 @@ from wxray.models.selectors import (
     SELECTIONS,
     ActivationNormSelector,
     AttentionSelector,
+    GradientSelector,
     LaplacianSelector,
     LearnedSelector,
     RandomSelector,
@@ -42,7 +50,8 @@ def build_model(name: str, **kwargs: Any) -> nn.Module:
     """Model by config name; kwargs are ResSlimViT's constructor arguments.
 
     reslim:   ResSlimViT (dense when keep_ratio == 1)
-    droppath: dense ResSlimViT regularised by stochastic depth (`drop_path`); keep_ratio must stay 1
+    droppath: dense ResSlimViT regularised by stochastic depth; needs drop_path > 0 (0.1 is the usual
+              baseline value) and keep_ratio 1
     sprint:   Sprint-style sparse stage (mask token + linear fusion) on the same backbone
     climax:   pure ViT, same tokenizer and blocks, no CNN skip (appendix B.1); may still be routed
     """
@@ -53,6 +62,8 @@ def build_model(name: str, **kwargs: Any) -> nn.Module:
             raise ValueError(
                 f"droppath is a dense baseline; keep_ratio must be 1.0, got {kwargs['keep_ratio']}"
             )
+        if not kwargs.get("drop_path", 0.0) > 0.0:
+            raise ValueError("droppath needs drop_path > 0 (e.g. 0.1); with 0 it is the plain dense model")
         return ResSlimViT(**{**kwargs, "keep_ratio": 1.0})
     if name == "sprint":
         return SprintViT(**kwargs)
@@ -74,6 +85,7 @@ __all__ = [
     "CNNSkip",
     "DropPath",
     "Dropout",
+    "GradientSelector",
     "LaplacianSelector",
     "LearnedSelector",
     "RandomSelector",
@@ -93,5 +105,7 @@ __all__ = [
     "lat_weighted_mse_per_var",
     "latitude_weights",
     "make_selector",
+    "per_patch_error",
+    "selector_loss",
     "sincos_pos_embed_2d",
 ]

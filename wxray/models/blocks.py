@@ -97,23 +97,32 @@ class Attention(nn.Module):
         qkv = self.qkv(x).view(B, L, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         return qkv[0], qkv[1], qkv[2]  # each (B, heads, L, head_dim)
 
-    def forward(self, x: Tensor, generator: torch.Generator | None = None) -> Tensor:
+    def forward(
+        self, x: Tensor, generator: torch.Generator | None = None, return_attention: bool = False
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        """y, or (y, attention received (B, L)) with `return_attention`; y is the SDPA output either way."""
         B, L, D = x.shape
         q, k, v = self._qkv(x)
         y = F.scaled_dot_product_attention(q, k, v)
-        y = y.transpose(1, 2).reshape(B, L, D)
-        return self.drop(self.proj(y), generator)
+        y = self.drop(self.proj(y.transpose(1, 2).reshape(B, L, D)), generator)
+        if not return_attention:
+            return y
+        return y, self._received(q, k)
 
     @torch.no_grad()
+    def _received(self, q: Tensor, k: Tensor) -> Tensor:
+        # Materialises the (B, heads, L, L) softmax that SDPA never does: only on request, in one block.
+        attn = (q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)).softmax(dim=-1)
+        return attn.mean(dim=(1, 2))
+
     def attention_received(self, x: Tensor) -> Tensor:
         """(B, L): attention each key token receives, averaged over heads and queries.
 
-        Materialises the (B, heads, L, L) softmax, which SDPA never does, so it is only called when a
-        selector asks for it (once per forward, in one block).
+        A standalone probe. Under FSDP2 parameters are only unsharded inside forward, so the router asks
+        for the same quantity through `forward(..., return_attention=True)` instead.
         """
-        q, k, _ = self._qkv(x)
-        attn = (q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)).softmax(dim=-1)
-        return attn.mean(dim=(1, 2))
+        with torch.no_grad():
+            return self._received(*self._qkv(x)[:2])
 
 
 class MLP(nn.Module):
@@ -150,10 +159,21 @@ class Block(nn.Module):
         self.mlp = MLP(dim, int(dim * mlp_ratio), dropout=dropout)
         self.drop_path = DropPath(drop_path)
 
-    def forward(self, x: Tensor, generator: torch.Generator | None = None) -> Tensor:
-        x = x + self.drop_path(self.attn(self.norm1(x), generator), generator)
+    def forward(
+        self, x: Tensor, generator: torch.Generator | None = None, return_attention: bool = False
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        """x, or (x, attention received (B, L) in this block's self-attention) with `return_attention`.
+
+        The attention comes out of forward, not a separate call, so it is computed while FSDP2 has this
+        block's parameters unsharded; the block output is the same either way.
+        """
+        a = self.attn(self.norm1(x), generator, return_attention=return_attention)
+        received = None
+        if return_attention:
+            a, received = a
+        x = x + self.drop_path(a, generator)
         x = x + self.drop_path(self.mlp(self.norm2(x), generator), generator)
-        return x
+        return x if received is None else (x, received)
 
     def attention_received(self, x: Tensor) -> Tensor:
         """Attention received per token in this block's self-attention, for `x` the block input."""

@@ -1,9 +1,15 @@
-"""Training losses: latitude-weighted MSE (Eq. 3) and the fair ensemble CRPS."""
+"""Training losses: latitude-weighted MSE (Eq. 3), the fair ensemble CRPS, the learned selector's BCE."""
 
 from __future__ import annotations
 
+import math
+
 import torch
+import torch.nn as nn
+import torch.nn.functional as F
 from torch import Tensor
+
+from wxray.models.selectors import LearnedSelector
 
 
 def latitude_weights(lat_deg: Tensor) -> Tensor:
@@ -68,3 +74,47 @@ def fair_crps(ens: Tensor, obs: Tensor, member_dim: int) -> Tensor:
     coef = coef.view([M if d == member_dim else 1 for d in range(ens.ndim)])
     pair_sum = 2 * (coef * ranked).sum(dim=member_dim)
     return skill - pair_sum / (2 * M * (M - 1))
+
+
+def per_patch_error(pred: Tensor, target: Tensor, lat_weights: Tensor, num_tokens: int) -> Tensor:
+    """(B, L): mean over channels and the patch's pixels of cos(phi) (pred - target)^2, row-major tokens.
+
+    The patch size is recovered from the shapes (L p^2 = h w), so any model on this grid can be scored.
+    """
+    w = _check(pred, target, lat_weights)
+    h, wd = pred.shape[-2:]
+    p = math.isqrt(h * wd // max(num_tokens, 1))
+    if p < 1 or p * p * num_tokens != h * wd or h % p or wd % p:
+        raise ValueError(f"{num_tokens} tokens do not tile a {h}x{wd} grid with square patches")
+    err = ((pred - target).square() * w).mean(dim=1, keepdim=True)  # (B, 1, h, w)
+    return F.avg_pool2d(err, p).flatten(1)
+
+
+def selector_loss(model: nn.Module, pred: Tensor, target: Tensor, lat_weights: Tensor) -> Tensor | None:
+    """BCE training signal of the `learned` selection's difficulty head; None if the model has none.
+
+        e_bi = per_patch_error(pred, target)_bi                  (detached)
+        t_bi = rank of e_bi among sample b's L patches / (L - 1)  in [0, 1], 1 = worst patch
+        loss = mean_bi BCE(sigmoid(z_bi), t_bi),  z = the head's logits from the forward that made `pred`
+
+    Soft rank targets rather than hard top-K labels: the BCE minimiser is sigmoid(z) = t, so the head
+    learns the whole error ordering, not just which side of the K-th error each patch falls on, and the
+    target does not depend on the keep ratio. Its minimum is the targets' mean entropy (about 0.5), not 0.
+
+    Reads only the logits the selector kept during forward (the head's input there is detached), so the
+    gradient reaches the head alone and no module is called here, which FSDP2 requires. `model` may be
+    wrapped (DDP, torch.compile): `modules()` reaches the selector through any wrapper.
+    """
+    heads = [m for m in model.modules() if isinstance(m, LearnedSelector) and m.last_logits is not None]
+    if not heads:
+        return None
+    if len(heads) > 1:
+        raise ValueError(f"selector_loss found {len(heads)} learned selectors with logits; expected one")
+    logits = heads[0].last_logits.float()
+    B, L = logits.shape
+    if pred.shape[0] != B:
+        raise ValueError(f"pred has batch {pred.shape[0]} but the selector's logits have {B}")
+    with torch.no_grad():
+        err = per_patch_error(pred.detach().float(), target.float(), lat_weights, L)
+        ranks = err.argsort(dim=1).argsort(dim=1).to(logits.dtype)
+    return F.binary_cross_entropy_with_logits(logits, ranks / max(L - 1, 1))

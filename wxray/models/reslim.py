@@ -2,6 +2,7 @@
 
 x (B, H*V_in + V_const, h, w), channels history-major: [t0 v0..vN, t1 v0..vN, ..., constants]
 tokens = VarAgg(PatchEmbed(x) + e_var) + p_pos + p_res          (B, L, D), L = (h/p)(w/p)
+p_pos: an L x D table, learned from a 2-D sin-cos start (default) or the fixed sin-cos buffer
 tokens = SparseRouter(blocks)(tokens)                           dense-early / sparse / dense-late
 y = Unpatchify(MLP_head(LN(tokens))) + CNN_skip(x)              (B, V_out, h, w)
 """
@@ -68,6 +69,10 @@ class Tokenizer(nn.Module):
 
     "One Conv2d per variable" is done as a single grouped conv (groups = variables), which is the same
     computation in one kernel launch. Each dynamic variable's conv sees its H history channels.
+
+    pos_embed="learned" (default) makes p_pos an L x D parameter initialised to the sin-cos table: the
+    paper's text says sinusoidal, but its parameter counts include an L x D table. "fixed" keeps the
+    sin-cos table as a non-persistent buffer (no parameters, nothing in the state dict).
     """
 
     def __init__(
@@ -79,6 +84,7 @@ class Tokenizer(nn.Module):
         patch_size: int,
         dim: int,
         num_heads: int,
+        pos_embed: str = "learned",
     ):
         super().__init__()
         self.n_vars, self.n_const, self.dim = n_vars, n_const, dim
@@ -93,7 +99,13 @@ class Tokenizer(nn.Module):
         self.var_embed = nn.Parameter(torch.zeros(1, n_vars + n_const, 1, dim))
         nn.init.trunc_normal_(self.var_embed, std=0.02)
         self.aggregate = VariableAggregation(dim, num_heads)
-        self.register_buffer("pos_embed", sincos_pos_embed_2d(dim, *self.grid), persistent=False)
+        table = sincos_pos_embed_2d(dim, *self.grid)
+        if pos_embed == "learned":
+            self.pos_embed = nn.Parameter(table)
+        elif pos_embed == "fixed":
+            self.register_buffer("pos_embed", table, persistent=False)
+        else:
+            raise ValueError(f"pos_embed must be 'learned' or 'fixed', got {pos_embed!r}")
         # one grid per model, so the resolution embedding of ORBIT-style models is a single learned vector
         self.res_embed = nn.Parameter(torch.zeros(1, 1, dim))
 
@@ -132,7 +144,7 @@ class ResSlimViT(nn.Module):
     `generator` drives every random draw (token selection, dropout, drop path); with the same
     generator state two forward passes are bit-identical. `routing_generator`, if given, takes over
     the token selection alone. `deterministic_eval=True` makes random selection one fixed seeded draw
-    in eval mode (the score-based selections are deterministic anyway). Set
+    in eval mode (the score-based selections are deterministic anyway). `pos_embed`: see Tokenizer. Set
     `activation_checkpointing = True` to recompute each block in backward; replayability is kept
     (see routing._checkpointed).
     """
@@ -159,6 +171,7 @@ class ResSlimViT(nn.Module):
         dropout: float = 0.0,
         cnn_skip: bool = True,
         skip_channels: int = 64,
+        pos_embed: str = "learned",
     ):
         super().__init__()
         img_size = tuple(int(s) for s in img_size)
@@ -169,7 +182,7 @@ class ResSlimViT(nn.Module):
         self.img_size, self.patch_size = img_size, patch_size
         self.in_channels = n_vars * history + n_const
 
-        self.tokenizer = Tokenizer(n_vars, history, n_const, img_size, patch_size, embed_dim, num_heads)
+        self.tokenizer = Tokenizer(n_vars, history, n_const, img_size, patch_size, embed_dim, num_heads, pos_embed)
         self.grid = self.tokenizer.grid
         self.embed_drop = Dropout(dropout)
         # stochastic depth grows linearly with depth (DeiT rule): early blocks are rarely skipped
@@ -219,7 +232,7 @@ class ResSlimViT(nn.Module):
                 f"got {tuple(x.shape)}"
             )
         tokens = self.embed(x, generator)
-        context = RoutingContext(fields=x, grid=self.grid)
+        context = RoutingContext(fields=x, grid=self.grid, n_dynamic=self.in_channels - self.n_const)
         tokens = self.router(
             tokens, generator=generator, context=context, routing_generator=routing_generator
         )

@@ -7,10 +7,16 @@ Res-Slim-ViT, ClimaX-style and generative blocks.
 
 Residual delta (Eq. 9): x' = x0 + Scatter(h - h0). The scatter is an out-of-place `scatter_add` onto
 x0, so unselected tokens leave the sparse stage bit-for-bit equal to their pre-routing values.
+
+Selectors read the dense-early stage only through what its blocks return from forward (the router
+never calls a block's other methods): under FSDP2 a block's parameters exist unsharded only inside its
+forward. `topk_attention` therefore needs the last dense-early block to accept `return_attention=True`
+and return (x, attention received).
 """
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Sequence
 from dataclasses import replace
@@ -48,6 +54,11 @@ def _checkpointed(block: nn.Module, x: Tensor, generator: torch.Generator | None
     return out
 
 
+def _takes(block: nn.Module, kwarg: str) -> bool:
+    # by name: a block that merely swallows **kwargs would not return the attention it was asked for
+    return kwarg in inspect.signature(block.forward).parameters
+
+
 class SparseRouter(nn.Module):
     """Runs `blocks` split (n1, n2, n3); the n2 middle blocks see only K = floor(r * L) tokens.
 
@@ -80,11 +91,13 @@ class SparseRouter(nn.Module):
             selection = make_selector(selection, dim=dim, deterministic=deterministic)
         self.selector = selection
         n1 = split[0]
-        has_attention = n1 > 0 and hasattr(self.blocks[n1 - 1], "attention_received")
-        if self.selector.needs_attention and not has_attention:
+        if self.selector.needs_attention and not (n1 > 0 and _takes(self.blocks[n1 - 1], "return_attention")):
             raise ValueError(
-                "topk_attention selection needs a dense-early block (split[0] >= 1) with attention_received()"
+                "topk_attention selection needs a dense-early block (split[0] >= 1) whose forward takes "
+                "return_attention=True"
             )
+        if self.selector.needs_first_block and n1 == 0:
+            raise ValueError("activation_norm selection scores the first dense-early block: needs split[0] >= 1")
         self.activation_checkpointing = False
         self.last_indices: Tensor | None = None
 
@@ -117,6 +130,7 @@ class SparseRouter(nn.Module):
         routing draws while holding dropout draws (from `generator`) fixed, and vice versa.
         """
         n1, n2, _ = self.split
+        self.selector.reset()
         if not self.sparse:
             self.last_indices = None
             for block in self.blocks:
@@ -126,8 +140,12 @@ class SparseRouter(nn.Module):
         context = context or RoutingContext()
         for i, block in enumerate(self.blocks[:n1]):
             if i == n1 - 1 and self.selector.needs_attention:
-                context = replace(context, attention=block.attention_received(x))
-            x = self._block(block, x, generator, block_kwargs)
+                x, received = self._block(block, x, generator, {**block_kwargs, "return_attention": True})
+                context = replace(context, attention=received)
+            else:
+                x = self._block(block, x, generator, block_kwargs)
+            if i == 0 and self.selector.needs_first_block:
+                context = replace(context, first_block=x)
 
         k = self.num_selected(x.shape[1])
         if k < 1:

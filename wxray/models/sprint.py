@@ -5,6 +5,10 @@ the K selected tokens, the dropped positions are filled with one learnable mask 
 is fused with the dense-early features: x' = Linear(concat(x_early, filled)). Unlike the residual
 delta, no token keeps its pre-routing value, which is the discontinuity the paper argues against.
 With keep_ratio == 1 the router is the plain dense loop and the fusion layer is unused.
+
+Mixed precision: the fused output is cast back to the residual stream's dtype. Under autocast the Linear
+returns bf16, which would otherwise carry the whole dense-late stage in bf16 while Res-Slim's scatter_add
+keeps it in fp32; the comparison must differ in the sparse stage only, not in precision.
 """
 
 from __future__ import annotations
@@ -48,7 +52,7 @@ class SprintRouter(SparseRouter):
     ) -> Tensor:
         _, h = self.run_middle(x0, indices, generator, token_kwargs, block_kwargs)
         filled = self.mask_token.expand_as(x0).scatter(1, indices.unsqueeze(-1).expand_as(h), h)
-        return self.fuse(torch.cat([x0, filled], dim=-1))
+        return self.fuse(torch.cat([x0, filled], dim=-1)).to(x0.dtype)
 
 
 class SprintViT(ResSlimViT):
