@@ -1,9 +1,17 @@
 """Forecast and truth datasets for verification: opening, conventions, alignment, persistence.
 
 Forecast convention: dims `init_time`, `lead_time` (timedelta), optional member dims (`member`, or
-`encoder_draw` x `dropout_draw`), optional `level`, `latitude` (ascending), `longitude` ([0, 360)).
+`encoder_draw` x `dropout_draw`), optional `level`, `latitude`, `longitude`.
 The truth is a store (wxray.data.schema) or any ERA5 file (netCDF, GRIB) with a `time` dim, looked up
 at valid time init + lead.
+
+Grids are oriented on read, lazily (index selections, nothing loaded), so truth, forecast, baseline and
+the truth's `stats/climatology` may come in either latitude order and either longitude convention:
+latitude ascending; longitude ascending in the store convention (`wxray.data.schema.canonical_longitudes`:
+[0, 360) for a global grid, a regional box contiguous, in (-180, 180] when it crosses 0 E). The forecast
+and baseline are then put in the truth's longitude convention (`check_grid`), so a forecast in [0, 360)
+and a truth in [-180, 180) on the same points match; a genuinely different grid is an error, or is
+interpolated with regrid=true (periodically in longitude only for a global source grid).
 """
 
 from __future__ import annotations
@@ -18,7 +26,19 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-from wxray.data.schema import COORD_ALIASES, LAT, LEVEL, LON, SHORT_NAMES, TIME, open_store
+from wxray.data.schema import (
+    COORD_ALIASES,
+    GLOBAL,
+    LAT,
+    LEVEL,
+    LON,
+    SHORT_NAMES,
+    TIME,
+    canonical_longitudes,
+    grid_kind,
+    longitude_convention,
+    wrap_longitudes,
+)
 from wxray.errors import DataError
 from wxray.verify.ensemble import MEMBER, MEMBER_DIMS
 
@@ -51,8 +71,38 @@ def open_any(path: str | Path, what: str) -> xr.Dataset:
     raise DataError(f"{what} {p}: unknown format (expected a zarr directory, netCDF or GRIB file)")
 
 
-def normalise(ds: xr.Dataset, time_dim: str = TIME) -> xr.Dataset:
-    """Long variable names, standard coord names, ascending latitude, longitude in [0, 360), int levels."""
+def _reorder(ds: xr.Dataset, dim: str, values: np.ndarray, what: str) -> xr.Dataset:
+    """`dim` given `values` (same order as now), then sorted ascending by an index selection (lazy)."""
+    uniq, counts = np.unique(values, return_counts=True)
+    if uniq.size != values.size:
+        raise DataError(f"{what}: {dim} {uniq[counts > 1][0]:g} appears twice (expected distinct values)")
+    ds = ds.assign_coords({dim: values})
+    steps = np.diff(values)
+    if np.all(steps > 0):
+        return ds
+    if np.all(steps < 0):
+        return ds.isel({dim: slice(None, None, -1)})
+    return ds.isel({dim: np.argsort(values, kind="stable")})
+
+
+def orient(ds: xr.Dataset, what: str = "dataset", convention: str | None = None) -> xr.Dataset:
+    """Latitude ascending; longitude ascending in `convention` ("0-360" | "-180-180"), or by default in the
+    store convention of its own grid (see the module docstring). Lazy: only coordinates are read."""
+    if LAT in ds.coords and ds[LAT].ndim == 1 and LAT in ds.dims:
+        ds = _reorder(ds, LAT, np.asarray(ds[LAT].values, dtype=np.float64), what)
+    if LON in ds.coords and ds[LON].ndim == 1 and LON in ds.dims:
+        lon = ds[LON].values
+        if convention is None:
+            values = canonical_longitudes(lon, what, split_ok=True)[0]
+        else:
+            values = wrap_longitudes(lon, convention)
+        ds = _reorder(ds, LON, values, what)
+    return ds
+
+
+def normalise(ds: xr.Dataset, time_dim: str = TIME, what: str = "dataset",
+              convention: str | None = None) -> xr.Dataset:
+    """Long variable names, standard coord names, int levels and the grid orientation of `orient`."""
     aliases = {**COORD_ALIASES, **EXTRA_ALIASES}
     if time_dim != TIME:
         aliases["time"] = time_dim
@@ -60,10 +110,7 @@ def normalise(ds: xr.Dataset, time_dim: str = TIME) -> xr.Dataset:
         ds = ds.drop_vars("valid_time")  # cfgrib's derived coordinate; the dim is the reference
     ds = ds.rename({k: v for k, v in aliases.items() if k in ds.variables and v not in ds.variables})
     ds = ds.rename_vars({k: v for k, v in SHORT_NAMES.items() if k in ds.data_vars and v not in ds.variables})
-    if LON in ds.coords and ds[LON].ndim == 1:
-        ds = ds.assign_coords({LON: ds[LON] % 360}).sortby(LON)
-    if LAT in ds.coords and ds[LAT].ndim == 1:
-        ds = ds.sortby(LAT)
+    ds = orient(ds, what, convention)
     if LEVEL in ds.coords and ds[LEVEL].ndim == 1:
         ds = ds.assign_coords({LEVEL: ds[LEVEL].values.astype(np.int64)})
     scalar = [c for c in ds.coords if c not in ds.dims and ds[c].ndim == 0 and c != LEAD]
@@ -71,7 +118,7 @@ def normalise(ds: xr.Dataset, time_dim: str = TIME) -> xr.Dataset:
 
 
 def to_forecast_convention(ds: xr.Dataset, source: str) -> xr.Dataset:
-    ds = normalise(ds, time_dim=INIT)
+    ds = normalise(ds, time_dim=INIT, what=f"forecast {source}")
     if INIT not in ds.dims:
         raise DataError(f"forecast {source}: no '{INIT}' dimension (dims: {', '.join(map(str, ds.dims))})")
     if LEAD not in ds.dims:
@@ -100,24 +147,32 @@ def open_forecast(path: str | Path) -> xr.Dataset:
 
 
 def open_truth(path: str | Path, member: str = "") -> tuple[xr.Dataset, xr.Dataset | None]:
-    """The truth dataset (store conventions) and its climatology (None when it has none).
+    """The truth dataset (oriented, see the module docstring) and its climatology (None when it has none).
 
-    A truth file with ensemble members (e.g. ERA5 EDA) needs `member`: "mean" for the ensemble mean, or
-    an integer for one member (the held-out member when it is also the forecast).
+    A store directory need not follow the store conventions (an ARCO-ERA5 subset runs north to south);
+    its `stats/climatology` group, used for ACC, is oriented like the truth. A truth file with ensemble
+    members (e.g. ERA5 EDA) needs `member`: "mean" for the ensemble mean, or an integer for one member
+    (the held-out member when it is also the forecast).
     """
     p = Path(path)
+    ds = normalise(open_any(p, "truth"), what=f"truth {p}")
+    for dim in (TIME, LAT, LON):
+        if dim not in ds.dims:
+            raise DataError(f"truth {p}: no '{dim}' dimension (dims: {', '.join(map(str, ds.dims))})")
+    times = pd.DatetimeIndex(ds[TIME].values)
+    if times.has_duplicates:
+        raise DataError(f"truth {p}: duplicated time {times[times.duplicated()][0]} (expected distinct times)")
+    if not times.is_monotonic_increasing:
+        ds = ds.sortby(TIME)
     climatology = None
     if p.is_dir():
-        ds = open_store(p)
         try:
             climatology = xr.open_zarr(p, group="stats/climatology", consolidated=False)
         except Exception:  # a store without a climatology group: ACC is not applicable
             climatology = None
-    else:
-        ds = open_any(p, "truth")
-    ds = normalise(ds)
-    if TIME not in ds.dims:
-        raise DataError(f"truth {p}: no '{TIME}' dimension (dims: {', '.join(map(str, ds.dims))})")
+    if climatology is not None:
+        climatology = normalise(climatology, what=f"truth {p} stats/climatology",
+                                convention=longitude_convention(ds[LON].values))
     members = [d for d in MEMBER_DIMS if d in ds.dims]
     if members:
         ds = select_truth_member(ds, members, member, str(p))
@@ -153,12 +208,24 @@ def same_grid(a: xr.Dataset | xr.DataArray, b: xr.Dataset | xr.DataArray) -> boo
                for d in (LAT, LON))
 
 
-def regrid_like(forecast: xr.Dataset, target: xr.Dataset | xr.DataArray) -> xr.Dataset:
-    """Bilinear interpolation onto the target grid, periodic in longitude (no gap at 0/360 degrees).
+def regrid_like(forecast: xr.Dataset, target: xr.Dataset | xr.DataArray, source: str = "forecast") -> xr.Dataset:
+    """Bilinear interpolation onto the target grid (both oriented, in one longitude convention).
 
-    Target rows poleward of the source's outermost latitudes take the value of that outermost row.
+    A global source grid is periodic in longitude (no gap at the seam) and target rows poleward of its
+    outermost latitudes take the value of that outermost row. A regional source grid is not extended:
+    it must cover the target grid (DataError naming `source` otherwise).
     """
     lon, lat = forecast[LON].values, forecast[LAT].values
+    t_lat, t_lon = np.asarray(target[LAT].values), np.asarray(target[LON].values)
+    if grid_kind(lon) != GLOBAL:
+        tol = 1e-6
+        if (t_lat.min() < lat[0] - tol or t_lat.max() > lat[-1] + tol or t_lon.min() < lon[0] - tol
+                or t_lon.max() > lon[-1] + tol):
+            raise DataError(f"{source}: regional grid (latitude {lat[0]:g}..{lat[-1]:g}, longitude "
+                            f"{lon[0]:g}..{lon[-1]:g}) does not cover the truth grid (latitude "
+                            f"{t_lat.min():g}..{t_lat.max():g}, longitude {t_lon.min():g}..{t_lon.max():g})")
+        at = {LAT: np.clip(t_lat, lat[0], lat[-1]), LON: np.clip(t_lon, lon[0], lon[-1])}
+        return forecast.interp(at, method="linear").assign_coords({LAT: t_lat, LON: t_lon})
     padded = xr.concat([forecast.isel({LON: [-1]}).assign_coords({LON: [lon[-1] - 360.0]}), forecast,
                         forecast.isel({LON: [0]}).assign_coords({LON: [lon[0] + 360.0]})], dim=LON)
     edges = []
@@ -168,17 +235,26 @@ def regrid_like(forecast: xr.Dataset, target: xr.Dataset | xr.DataArray) -> xr.D
     if lat[-1] < 90:
         edges.append(padded.isel({LAT: [-1]}).assign_coords({LAT: [90.0]}))
     padded = xr.concat(edges, dim=LAT) if len(edges) > 1 else padded
-    return padded.interp({LAT: target[LAT].values, LON: target[LON].values}, method="linear")
+    return padded.interp({LAT: t_lat, LON: t_lon}, method="linear")
+
+
+def _extent(ds: xr.Dataset) -> str:
+    lat, lon = ds[LAT].values, ds[LON].values
+    return f"latitude {lat[0]:g}..{lat[-1]:g}, longitude {lon[0]:g}..{lon[-1]:g}"
 
 
 def check_grid(forecast: xr.Dataset, truth: xr.Dataset, source: str, regrid: bool) -> xr.Dataset:
+    """The forecast on the truth's grid: oriented in the truth's longitude convention, then the same
+    points (the truth's coordinates taken over), or interpolated with `regrid`, or a DataError."""
+    forecast = orient(forecast, source, longitude_convention(truth[LON].values))
     if same_grid(forecast, truth):
         return forecast.assign_coords({LAT: truth[LAT].values, LON: truth[LON].values})
     if not regrid:
         raise DataError(
             f"{source}: grid {forecast.sizes[LAT]}x{forecast.sizes[LON]} differs from the truth grid "
-            f"{truth.sizes[LAT]}x{truth.sizes[LON]} (set regrid=true to interpolate onto the truth grid)")
-    return regrid_like(forecast, truth)
+            f"{truth.sizes[LAT]}x{truth.sizes[LON]} (set regrid=true to interpolate onto the truth grid): "
+            f"{_extent(forecast)} vs the truth's {_extent(truth)}")
+    return regrid_like(forecast, truth, source)
 
 
 def truth_at(truth: xr.DataArray, init_times: np.ndarray, lead: np.timedelta64, what: str) -> xr.DataArray:

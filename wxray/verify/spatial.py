@@ -1,4 +1,9 @@
-"""Latitude weights and the one spatial mean every score goes through (WeatherBench 2 conventions)."""
+"""Latitude weights and the one spatial mean every score goes through (WeatherBench 2 conventions).
+
+Grids may be global or regional and longitudes in either convention ([0, 360) or (-180, 180], see
+`wxray.data.schema`): region masks compare longitudes modulo 360, and a regional grid's edge rows are
+cells of one grid spacing, not stretched to the poles.
+"""
 
 from __future__ import annotations
 
@@ -19,6 +24,8 @@ def latitude_weights(latitude: xr.DataArray | np.ndarray) -> xr.DataArray:
     Bounds are the midpoints between grid latitudes, closed by the poles, so a global grid's raw
     weights (sin(upper) - sin(lower)) sum to 2, the area of the unit sphere over 2*pi. Cosine weights
     would give the pole rows of an equiangular grid zero weight although their cells have area.
+    An outer row further than one grid spacing from its pole (a regional grid, e.g. 30..60 N) is closed
+    half a spacing beyond it instead, so its cell is not stretched to the pole.
     """
     lat = latitude if isinstance(latitude, xr.DataArray) else xr.DataArray(np.asarray(latitude), dims=[LAT])
     values = np.deg2rad(np.asarray(lat.values, dtype=np.float64))
@@ -28,14 +35,21 @@ def latitude_weights(latitude: xr.DataArray | np.ndarray) -> xr.DataArray:
         raise DataError("latitude must be strictly ascending (south to north) for latitude weights")
     if np.any(np.abs(values) > np.pi / 2 + 1e-9):
         raise DataError("latitude values must lie in [-90, 90] degrees")
-    bounds = np.concatenate([[-np.pi / 2], (values[:-1] + values[1:]) / 2, [np.pi / 2]])
+    if values.size == 1:
+        return xr.DataArray(np.ones(1), dims=[LAT], coords={LAT: lat.values}, name="latitude_weights")
+    d_south, d_north = values[1] - values[0], values[-1] - values[-2]
+    south = -np.pi / 2 if values[0] - d_south <= -np.pi / 2 + 1e-9 else values[0] - d_south / 2
+    north = np.pi / 2 if values[-1] + d_north >= np.pi / 2 - 1e-9 else values[-1] + d_north / 2
+    bounds = np.concatenate([[south], (values[:-1] + values[1:]) / 2, [north]])
     area = np.sin(bounds[1:]) - np.sin(bounds[:-1])
     return xr.DataArray(area / area.mean(), dims=[LAT], coords={LAT: lat.values}, name="latitude_weights")
 
 
 @dataclass(frozen=True)
 class Region:
-    """A latitude band and longitude range; lon_min > lon_max wraps through the Greenwich meridian."""
+    """A latitude band and longitude range, eastwards from lon_min to lon_max (degrees E, either
+    convention: (347.5, 42.5) and (-12.5, 42.5) are the same box through the Greenwich meridian).
+    A grid's longitudes are compared modulo 360, so [0, 360) and (-180, 180] grids give the same mask."""
 
     name: str
     lat_min: float = -90.0
@@ -47,10 +61,13 @@ class Region:
     def mask(self, latitude: xr.DataArray, longitude: xr.DataArray) -> xr.DataArray:
         lon = longitude % 360
         in_lat = (latitude >= self.lat_min) & (latitude <= self.lat_max) & (abs(latitude) >= self.abs_lat_min)
-        if self.lon_min <= self.lon_max:
-            in_lon = (lon >= self.lon_min) & (lon <= self.lon_max)
+        west, east = self.lon_min % 360, self.lon_max % 360
+        if self.lon_max - self.lon_min >= 360:
+            in_lon = lon >= 0  # every meridian
+        elif west <= east:
+            in_lon = (lon >= west) & (lon <= east)
         else:
-            in_lon = (lon >= self.lon_min) | (lon <= self.lon_max)
+            in_lon = (lon >= west) | (lon <= east)
         return in_lat & in_lon
 
 

@@ -1,0 +1,112 @@
+"""jobs/evaluate.py on grids in other orientations: the same scores whatever the latitude order and the
+longitude convention of truth, forecast and baseline; a regional truth crossing the prime meridian."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import xarray as xr
+
+from tests.verify.conftest import make_store
+from tests.verify.test_forecast_grids import flip, write_raw_store
+from wxray.data.schema import open_store
+from wxray.job import run_job
+from wxray.verify import persistence_forecast
+from wxray.verify.evaluate import EvaluateConfig, evaluate
+
+SCORES = ("value", "n_init", "nan_points")
+
+
+@pytest.fixture(scope="module")
+def canonical(tmp_path_factory) -> Path:
+    return make_store(tmp_path_factory.mktemp("grids") / "store.zarr")
+
+
+def _write(ds: xr.Dataset, path: Path) -> str:
+    ds.to_zarr(path, mode="w", zarr_format=3, consolidated=False)
+    return str(path)
+
+
+def _run(argv: list[str], capsys) -> tuple[int, dict | None, str]:
+    rc = run_job("evaluate", EvaluateConfig, evaluate, argv=argv)
+    out, err = capsys.readouterr()
+    lines = [ln for ln in out.splitlines() if ln.startswith("RESULT ")]
+    return rc, json.loads(lines[-1][len("RESULT "):]) if lines else None, err
+
+
+def _card(argv: list[str], out_dir: Path, capsys) -> xr.Dataset:
+    rc, result, err = _run([*argv, f"out_dir={out_dir}", "tracking.enabled=false", "n_bootstrap=100",
+                            "plots=false"], capsys)
+    assert rc == 0, err
+    return xr.open_dataset(out_dir / "scorecard.nc").load()
+
+
+def _same_scores(a: xr.Dataset, b: xr.Dataset, metrics=None) -> None:
+    for k in SCORES:
+        x, y = a[k], b[k]
+        if metrics is not None and "metric" in x.dims:
+            x, y = x.sel(metric=list(metrics)), y.sel(metric=list(metrics))
+        np.testing.assert_allclose(x.values, y.values, rtol=1e-9, atol=1e-12, err_msg=k)
+
+
+def test_truth_store_and_file_north_to_south_in_minus_180_score_the_same(canonical, tmp_path, capsys):
+    ds = open_store(canonical).load()
+    forecast = _write(persistence_forecast(ds, ds.time.values[:12], [6, 24]), tmp_path / "f.zarr")
+    want = _card([f"forecast={forecast}", f"truth={canonical}"], tmp_path / "a", capsys)
+    raw = write_raw_store(flip(ds), tmp_path / "raw.zarr")  # with its stats groups, N->S too
+    got = _card([f"forecast={forecast}", f"truth={raw}"], tmp_path / "b", capsys)
+    assert "acc" in got.metric.values
+    _same_scores(got, want)
+    flip(ds).to_netcdf(tmp_path / "truth.nc")  # a file has no climatology: no ACC, the rest the same
+    got = _card([f"forecast={forecast}", f"truth={tmp_path / 'truth.nc'}"], tmp_path / "c", capsys)
+    _same_scores(got, want, [m for m in want.metric.values if m != "acc"])
+
+
+def test_forecast_and_baseline_north_to_south_in_minus_180_score_the_same(canonical, tmp_path, capsys):
+    ds = open_store(canonical)
+    fc = persistence_forecast(ds, ds.time.values[:12], [6, 24])
+    base = persistence_forecast(ds, ds.time.values[2:14], [6, 24]).assign_coords(init_time=fc.init_time)
+    f, b = _write(fc, tmp_path / "f.zarr"), _write(base, tmp_path / "b.zarr")
+    f_flip, b_flip = _write(flip(fc), tmp_path / "ff.zarr"), _write(flip(base), tmp_path / "bf.zarr")
+    want = _card([f"forecast={f}", f"truth={canonical}", f"baseline={b}"], tmp_path / "a", capsys)
+    got = _card([f"forecast={f_flip}", f"truth={canonical}", f"baseline={b_flip}"], tmp_path / "b", capsys)
+    _same_scores(got, want)
+    np.testing.assert_allclose(got["rel_diff"].values, want["rel_diff"].values, rtol=1e-9)
+
+
+def test_a_genuinely_different_grid_is_still_a_one_line_error(canonical, tmp_path, capsys):
+    ds = open_store(canonical)
+    fc = persistence_forecast(ds, ds.time.values[:12], [6])
+    shifted = _write(flip(fc).assign_coords(longitude=flip(fc).longitude + 1.0), tmp_path / "shift.zarr")
+    rc, result, err = _run([f"forecast={shifted}", f"truth={canonical}", f"out_dir={tmp_path / 'a'}",
+                            "tracking.enabled=false"], capsys)
+    lines = err.strip().splitlines()
+    assert rc == 2 and result is None and len(lines) == 1, err
+    assert lines[0].startswith(f"error: forecast {shifted}: grid 16x32 differs from the truth grid 16x32")
+    assert "longitude 1..349.75 vs the truth's latitude -84.375..84.375, longitude 0..348.75" in lines[0]
+    assert not (tmp_path / "a").exists()
+
+
+def test_regional_truth_crossing_greenwich_scores_like_the_global_one(canonical, tmp_path, capsys):
+    """A box 45 W..45 E, 28 N..84 N cut from the global store, written in (-180, 180] with its own stats;
+    the forecast on the same box given in [0, 360). Over Europe (inside the box) every score but SSIM
+    (whose window sees the box's edges) equals the global evaluation's."""
+    ds = open_store(canonical).load()
+    box = ds.sel(latitude=slice(20, 90)).assign_coords(longitude=((ds.longitude + 180) % 360) - 180)
+    box = box.sortby("longitude").sel(longitude=slice(-46, 46))
+    assert box.longitude.values[0] == -45 and box.longitude.values[-1] == 45
+    truth = write_raw_store(box, tmp_path / "box.zarr")
+    fc_box = persistence_forecast(ds, ds.time.values[:12], [6, 24]).sel(latitude=slice(20, 90))
+    fc_box = fc_box.sel(longitude=[lon for lon in ds.longitude.values if lon <= 46 or lon >= 314])
+    f_box = _write(fc_box, tmp_path / "fbox.zarr")  # 0..45 then 315..348.75: the box in [0, 360)
+    f_all = _write(persistence_forecast(ds, ds.time.values[:12], [6, 24]), tmp_path / "fall.zarr")
+    want = _card([f"forecast={f_all}", f"truth={canonical}", "region=europe"], tmp_path / "a", capsys)
+    got = _card([f"forecast={f_box}", f"truth={truth}", "region=europe"], tmp_path / "b", capsys)
+    metrics = [m for m in want.metric.values if m != "ssim"]
+    assert "acc" in metrics
+    _same_scores(got, want, metrics)
+    whole = _card([f"forecast={f_box}", f"truth={truth}"], tmp_path / "c", capsys)  # the whole box
+    assert np.isfinite(whole["value"].values).all()
