@@ -11,7 +11,7 @@ from wxray.job import JobConfig
 from wxray.platform.accelerators import Precision, ScalingCfg
 from wxray.platform.datasets import DataConfig
 
-Selection = Literal["random", "topk_attention", "learned", "laplacian", "activation_norm"]
+Selection = Literal["random", "topk_attention", "learned", "learned_st", "laplacian", "gradient", "activation_norm"]
 
 
 @dataclass
@@ -26,9 +26,13 @@ class ModelConfig:
     keep_ratio: float = 0.25
     selection: Selection = "random"
     deterministic_eval: bool = False
-    drop_path: float = 0.0
+    drop_path: float = 0.0  # stochastic depth; name=droppath needs > 0 (0.1 is the baseline's usual value)
     dropout: float = 0.0
     skip_channels: int = 64
+    pos_embed: Literal["learned", "fixed"] = "learned"  # learned: L x D table initialised to sin-cos
+    # BCE weight of selection=learned's difficulty head. Its gradient reaches the head alone, so under AdamW
+    # the weight hardly changes the head's steps; kept small so it takes little of the grad-clip norm.
+    selector_loss_weight: float = 0.01
 
     def validate(self) -> None:
         if not 0.0 < self.keep_ratio <= 1.0:
@@ -43,6 +47,12 @@ class ModelConfig:
             raise ConfigError("model.name=droppath is the dense stochastic-depth baseline: set model.keep_ratio=1")
         if not 0.0 <= self.drop_path < 1.0 or not 0.0 <= self.dropout < 1.0:
             raise ConfigError("model.drop_path and model.dropout must be in [0, 1)")
+        if self.name == "droppath" and self.drop_path == 0.0:
+            raise ConfigError("model.name=droppath needs model.drop_path > 0 (e.g. 0.1)")
+        if not math.isfinite(self.selector_loss_weight) or self.selector_loss_weight < 0:
+            raise ConfigError(f"model.selector_loss_weight must be finite and >= 0, got {self.selector_loss_weight}")
+        if self.selection in ("topk_attention", "activation_norm") and self.split[0] == 0 and self.keep_ratio < 1:
+            raise ConfigError(f"model.selection={self.selection} scores a dense-early block: needs model.split[0] >= 1")
 
     def check_grid(self, grid: tuple[int, int]) -> None:
         h, w = grid

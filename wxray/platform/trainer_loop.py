@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from wxray.config import from_dict, to_dict
-from wxray.models import build_model, lat_weighted_mse, latitude_weights
+from wxray.models import build_model, lat_weighted_mse, latitude_weights, selector_loss
 from wxray.platform import accelerators as acc
 from wxray.platform import checkpoints
 from wxray.platform.reporting import Reporter
@@ -33,7 +33,8 @@ def build_forecaster(cfg: ModelConfig, spec: WindowSpec) -> torch.nn.Module:
                   n_out=len(spec.targets), img_size=spec.grid, patch_size=cfg.patch_size,
                   embed_dim=cfg.embed_dim, depth=cfg.depth, num_heads=cfg.num_heads, mlp_ratio=cfg.mlp_ratio,
                   split=tuple(cfg.split), keep_ratio=cfg.keep_ratio, selection=cfg.selection,
-                  deterministic_eval=cfg.deterministic_eval, drop_path=cfg.drop_path, dropout=cfg.dropout)
+                  deterministic_eval=cfg.deterministic_eval, drop_path=cfg.drop_path, dropout=cfg.dropout,
+                  pos_embed=cfg.pos_embed)
     if cfg.name != "climax":
         kwargs["skip_channels"] = cfg.skip_channels
     return build_model(cfg.name, **kwargs)
@@ -229,8 +230,10 @@ def train_fn_per_worker(config: dict[str, Any]) -> None:
             with acc.autocast(device, dtype), (meter.measure() if measure else contextlib.nullcontext()):
                 pred = model(batch["x"], generator=gen)
                 loss = lat_weighted_mse(pred.float(), batch["y"], lat_w, var_w) * w
+                aux = selector_loss(model, pred.float(), batch["y"], lat_w)  # None unless selection=learned
             opt.zero_grad(set_to_none=True)
-            loss.backward()
+            # added even at weight 0, so the head's parameters always get a gradient (DDP requires it)
+            (loss if aux is None else loss + cfg.model.selector_loss_weight * w * aux).backward()
             if cfg.optim.grad_clip > 0:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip)
             lr = set_lr(seen)
@@ -244,6 +247,7 @@ def train_fn_per_worker(config: dict[str, Any]) -> None:
             if measure:
                 dt = time.perf_counter() - t0
                 m = {"train/loss": loss.item() / w if w else float("nan"),
+                     **({"train/selector_loss": aux.item()} if aux is not None and w else {}),
                      "train/lr": lr, "train/step_time_s": dt,
                      "train/samples_per_s_per_worker": n / dt, "train/saved_activation_bytes": meter.bytes}
                 peak = acc.peak_memory_bytes(device)
