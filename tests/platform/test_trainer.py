@@ -92,7 +92,7 @@ def _checkpoint_dir(tmp_path, meta: dict | None, state) -> str:
     (["model.keep_ratio=0"], "model.keep_ratio must be in (0, 1]"),
     (["model.keep_ratio=1.5"], "model.keep_ratio must be in (0, 1]"),
     (["model.split=[1,1,1]"], "must be >= 0 and sum to model.depth=4"),
-    (["model.patch_size=3"], "model.patch_size=3 does not divide the grid 8x16"),
+    (["model.patch_size=3", "data.grid_fit=error"], "model.patch_size=3 does not divide the grid 8x16"),
     (["scaling.num_workers=8"], "needs 8.25 CPUs; the Ray cluster has 2"),
     (["data.input_variables=[2m_temperature]"], "variable '2m_temperature' not found"),
     (["model.selection=best"], "'model.selection' expects one of"),

@@ -54,11 +54,6 @@ class ModelConfig:
         if self.selection in ("topk_attention", "activation_norm") and self.split[0] == 0 and self.keep_ratio < 1:
             raise ConfigError(f"model.selection={self.selection} scores a dense-early block: needs model.split[0] >= 1")
 
-    def check_grid(self, grid: tuple[int, int]) -> None:
-        h, w = grid
-        if h % self.patch_size or w % self.patch_size:
-            raise ConfigError(f"model.patch_size={self.patch_size} does not divide the grid {h}x{w}")
-
 
 @dataclass
 class OptimConfig:

@@ -22,10 +22,11 @@ from wxray.platform.datasets import WindowData, build_datasets, exactly_once_dat
 from wxray.platform.evaluation import evaluate_checkpoint
 from wxray.platform.train_config import TrainSparseConfig
 from wxray.platform.trainer_loop import build_forecaster, model_identity, train_fn_per_worker
+from wxray.platform.windows import fit_spec
 
 
 def check_model(cfg: TrainSparseConfig, data: WindowData) -> torch.nn.Module:
-    cfg.model.check_grid(data.spec.grid)
+    data.spec = fit_spec(data.spec, cfg.model.patch_size, cfg.data.grid_fit)  # crop/pad/refuse the grid
     try:
         model = build_forecaster(cfg.model, data.spec)
     except ValueError as e:

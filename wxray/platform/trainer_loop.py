@@ -126,10 +126,11 @@ def validate(model, batches, spec: WindowSpec, lat_w: torch.Tensor, device, worl
             with acc.autocast(device, dtype):
                 pred = model(x, generator=gen)
             pred = pred.float()
-            phys_p, phys_t = to_physical(spec, pred, x), to_physical(spec, y, x)
+            # Padded rows/columns (data.grid_fit=pad) are not data: scores and loss on the kept grid.
+            phys_p, phys_t = spec.unpad(to_physical(spec, pred, x)), spec.unpad(to_physical(spec, y, x))
             se = ((phys_p - phys_t) ** 2 * lat_w[None, None, :, None]).mean(dim=(-2, -1))  # (b, V)
             sums[:n_out] += w * se.sum(0).double()
-            sums[n_out] += w * lat_weighted_mse(pred, y, lat_w).double() * x.shape[0]
+            sums[n_out] += w * lat_weighted_mse(spec.unpad(pred), spec.unpad(y), lat_w).double() * x.shape[0]
             sums[n_out + 1] += w * x.shape[0]
     if world > 1:
         dist.all_reduce(sums)
@@ -201,7 +202,7 @@ def train_fn_per_worker(config: dict[str, Any]) -> None:
         model = torch.compile(model)
 
     dtype = acc.autocast_dtype(cfg.train.precision, device)
-    lat_w = latitude_weights(torch.as_tensor(spec.latitude, dtype=torch.float32)).to(device)
+    lat_w = latitude_weights(torch.as_tensor(spec.latitude, dtype=torch.float32)).to(device)  # kept rows
     var_w = torch.tensor([cfg.train.var_weights.get(c.name, 1.0) for c in spec.targets], device=device)
     dummy = {"x": torch.zeros(1, spec.n_in_channels, *spec.grid, device=device),
              "y": torch.zeros(1, len(spec.targets), *spec.grid, device=device)}
@@ -229,8 +230,9 @@ def train_fn_per_worker(config: dict[str, Any]) -> None:
             meter = acc.SavedActivationMeter(meter_exclude)
             with acc.autocast(device, dtype), (meter.measure() if measure else contextlib.nullcontext()):
                 pred = model(batch["x"], generator=gen)
-                loss = lat_weighted_mse(pred.float(), batch["y"], lat_w, var_w) * w
-                aux = selector_loss(model, pred.float(), batch["y"], lat_w)  # None unless selection=learned
+                loss = lat_weighted_mse(spec.unpad(pred.float()), spec.unpad(batch["y"]), lat_w, var_w) * w
+                # None unless selection=learned; on the model grid, padded rows weighted 0
+                aux = selector_loss(model, pred.float(), batch["y"], spec.row_weights(lat_w))
             opt.zero_grad(set_to_none=True)
             # added even at weight 0, so the head's parameters always get a gradient (DDP requires it)
             (loss if aux is None else loss + cfg.model.selector_loss_weight * w * aux).backward()

@@ -6,11 +6,16 @@ A window is named by its *anchor*, the index of its last input step t. Inputs ar
 t-H+1 .. t, the target is step t+lead. A window is valid when all those steps are exactly one native
 time step apart (no gaps), lie in one ``trajectory`` (when the store has that coordinate), and all lie
 in one split's time range, so no window leaks across train/val/test.
+
+The grid a window is read on is the store grid fitted to the model's patch size (`data.grid_fit`,
+see gridfit.py): `WindowSpec.latitude`/`longitude` are the kept coordinates, `WindowSpec.grid` the
+model grid, and `WindowReader` reads the kept rows/columns and pads them, so training, validation,
+rollout and the forecast store all share one fit.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pandas as pd
@@ -18,6 +23,7 @@ import xarray as xr
 
 from wxray.data.schema import LAT, LEVEL, LON, TIME, TRAJECTORY, Channel, Stats, channels, time_step
 from wxray.errors import ConfigError, DataError
+from wxray.platform.gridfit import GRID_FIT_MODES, GridFit, GridFitMode, fit_grid
 
 SPLITS = ("train", "val", "test")
 
@@ -36,8 +42,11 @@ class WindowConfig:
     val_range: str = ""
     test_range: str = ""
     split_fractions: tuple[float, float, float] = (0.7, 0.15, 0.15)
+    grid_fit: GridFitMode = "crop"  # patch size not dividing the grid: crop | pad | error (gridfit.py)
 
     def validate(self) -> None:
+        if self.grid_fit not in GRID_FIT_MODES:
+            raise ConfigError(f"data.grid_fit must be one of {', '.join(GRID_FIT_MODES)}, got {self.grid_fit!r}")
         if self.history < 1:
             raise ConfigError(f"data.history must be >= 1, got {self.history}")
         if self.lead_steps < 1:
@@ -64,8 +73,13 @@ class WindowSpec:
     const_mean: np.ndarray
     const_std: np.ndarray
     target_in_input: list[int]  # index into `inputs` of each target channel (residual base)
-    latitude: np.ndarray
+    latitude: np.ndarray  # of the kept grid (what is forecast and scored)
     longitude: np.ndarray
+    fit: GridFit | None = None  # None: the whole store grid, unpadded
+
+    def __post_init__(self) -> None:
+        if self.fit is None:
+            self.fit = GridFit.identity(len(self.latitude), len(self.longitude))
 
     @property
     def n_in_channels(self) -> int:
@@ -73,7 +87,21 @@ class WindowSpec:
 
     @property
     def grid(self) -> tuple[int, int]:
+        """The model grid: kept grid plus padding."""
+        return self.fit.model_grid
+
+    @property
+    def kept_grid(self) -> tuple[int, int]:
         return len(self.latitude), len(self.longitude)
+
+    def pad(self, a):
+        return self.fit.pad(a)
+
+    def unpad(self, a):
+        return self.fit.unpad(a)
+
+    def row_weights(self, w):
+        return self.fit.row_weights(w)
 
 
 def _safe_std(x: np.ndarray) -> np.ndarray:
@@ -119,6 +147,19 @@ def make_spec(store: str, ds: xr.Dataset, stats: Stats, cfg: WindowConfig) -> Wi
     )
 
 
+def fit_spec(spec: WindowSpec, patch_size: int, mode: str) -> WindowSpec:
+    """`spec` on its kept grid fitted to `patch_size` (see gridfit.py); a no-op where p divides it.
+
+    The fit is recomputed on the current kept grid, so fitting a fitted spec again composes.
+    """
+    h, w = spec.kept_grid
+    new = fit_grid(h, w, patch_size, mode)
+    (r0, r1), (c0, c1) = new.rows, new.cols
+    base_r, base_c = spec.fit.rows[0], spec.fit.cols[0]
+    fit = GridFit(mode, (base_r + r0, base_r + r1), (base_c + c0, base_c + c1), new.pad_rows, new.pad_cols)
+    return replace(spec, fit=fit, latitude=spec.latitude[r0:r1], longitude=spec.longitude[c0:c1])
+
+
 def valid_anchors(ds: xr.Dataset, history: int, lead_steps: int) -> np.ndarray:
     """Anchors t whose steps t-H+1 .. t+lead are contiguous and within one trajectory."""
     times = ds[TIME].values
@@ -137,8 +178,9 @@ def valid_anchors(ds: xr.Dataset, history: int, lead_steps: int) -> np.ndarray:
     return np.nonzero(ok)[0].astype(np.int64) + history - 1
 
 
-def _parse_range(text: str, key: str) -> tuple[np.datetime64, np.datetime64]:
-    msg = f"data.{key} must be 'start/end' dates (e.g. 2000-01-01/2000-03-01), got {text!r}"
+def parse_range(text: str, key: str) -> tuple[np.datetime64, np.datetime64]:
+    """An inclusive "start/end" time range of config key `key`."""
+    msg = f"{key} must be 'start/end' dates (e.g. 2000-01-01/2000-03-01), got {text!r}"
     try:
         a, b = (pd.Timestamp(x) for x in text.split("/"))
     except (ValueError, TypeError):
@@ -146,7 +188,7 @@ def _parse_range(text: str, key: str) -> tuple[np.datetime64, np.datetime64]:
     if pd.isna(a) or pd.isna(b):
         raise ConfigError(msg)
     if b < a:
-        raise ConfigError(f"data.{key}: end {b} is before start {a}")
+        raise ConfigError(f"{key}: end {b} is before start {a}")
     return np.datetime64(a, "ns"), np.datetime64(b, "ns")
 
 
@@ -158,7 +200,7 @@ def split_anchors(ds: xr.Dataset, anchors: np.ndarray, cfg: WindowConfig) -> dic
     if any((cfg.train_range, cfg.val_range, cfg.test_range)):
         # Explicit ranges: a split without one is empty. Ranges are inclusive, so they may not touch:
         # a shared end point would be a training target and a validation input at once.
-        ranges = {s: _parse_range(getattr(cfg, f"{s}_range"), f"{s}_range")
+        ranges = {s: parse_range(getattr(cfg, f"{s}_range"), f"data.{s}_range")
                   for s in SPLITS if getattr(cfg, f"{s}_range")}
         named = list(ranges.items())
         for i, (s1, (a1, b1)) in enumerate(named):
@@ -196,7 +238,8 @@ class WindowReader:
     """Reads and normalises a batch of windows: {"anchor": (b,)} -> {"x", "y", "anchor"}.
 
     x: (b, H*V_in + V_const, h, w) float32, history-major (step t-H+1's channels first, then constant
-    fields); y: (b, V_out, h, w) float32, the normalised target (tendency when residual).
+    fields); y: (b, V_out, h, w) float32, the normalised target (tendency when residual). (h, w) is the
+    model grid: the kept rows/columns of the store, padded as `spec.fit` says.
     """
 
     def __init__(self, spec: WindowSpec):
@@ -209,41 +252,67 @@ class WindowReader:
             self._ds = open_lazy(self.spec.store)
             s = self.spec
             if s.constants:
-                c = np.stack([self._ds[v].values for v in s.constants]).astype(np.float32)
-                self._const = (c - s.const_mean[:, None, None]) / s.const_std[:, None, None]
+                c = np.stack([self._ds[v].isel(self._kept()).values for v in s.constants]).astype(np.float32)
+                self._const = s.pad((c - s.const_mean[:, None, None]) / s.const_std[:, None, None])
         return self._ds
+
+    def _kept(self) -> dict[str, slice]:
+        return {LAT: slice(*self.spec.fit.rows), LON: slice(*self.spec.fit.cols)}
 
     def _read(self, chs: list[Channel], idx: np.ndarray) -> np.ndarray:
         ds = self._open()
         arrays = []
         for ch in chs:
             da = ds[ch.variable]
-            sel = {TIME: idx}
+            sel = {TIME: idx, **self._kept()}
             if ch.level is not None:
                 sel[LEVEL] = int(np.nonzero(ds[LEVEL].values == ch.level)[0][0])
             arrays.append(da.isel(sel).values)
-        return np.stack(arrays, axis=1).astype(np.float32)  # (n, C, h, w)
+        return self.spec.pad(np.stack(arrays, axis=1).astype(np.float32))  # (n, C, h, w) on the model grid
+
+    def _states(self, anchors: np.ndarray) -> np.ndarray:
+        """(b, H, V_in, h, w) input states in physical units."""
+        s = self.spec
+        in_idx = (anchors[:, None] + np.arange(-(s.history - 1), 1)[None, :]).ravel()
+        uniq, inv = np.unique(in_idx, return_inverse=True)
+        states = self._read(s.inputs, uniq)[inv]
+        return states.reshape(len(anchors), s.history, len(s.inputs), *states.shape[-2:])
+
+    def _normalise_inputs(self, states: np.ndarray) -> np.ndarray:
+        s = self.spec
+        x = (states - s.in_mean[None, None, :, None, None]) / s.in_std[None, None, :, None, None]
+        x = x.reshape(len(states), -1, *x.shape[-2:])
+        if self._const is not None:
+            x = np.concatenate([x, np.broadcast_to(self._const, (len(states), *self._const.shape))], axis=1)
+        return x
+
+    def _check_finite(self, anchors: np.ndarray, *arrays: np.ndarray) -> None:
+        ok = np.ones(len(anchors), dtype=bool)
+        for a in arrays:
+            ok &= np.isfinite(a).all(axis=(1, 2, 3))
+        if not ok.all():
+            raise DataError(f"store {self.spec.store}: NaN/inf in windows with anchors {anchors[~ok][:5].tolist()}; "
+                            "training and forecasts need complete fields")
+
+    def inputs(self, anchors: np.ndarray) -> np.ndarray:
+        """x alone, for forecasts from initialisations whose target is not (yet) in the store."""
+        anchors = np.asarray(anchors, dtype=np.int64)
+        self._open()
+        x = self._normalise_inputs(self._states(anchors))
+        self._check_finite(anchors, x)
+        return np.ascontiguousarray(x, dtype=np.float32)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         s = self.spec
         anchors = np.asarray(batch["anchor"], dtype=np.int64)
-        steps = np.arange(-(s.history - 1), 1)
-        in_idx = (anchors[:, None] + steps[None, :]).ravel()
-        uniq, inv = np.unique(in_idx, return_inverse=True)
-        states = self._read(s.inputs, uniq)[inv]  # (b*H, V_in, h, w), physical units
-        states = states.reshape(len(anchors), s.history, len(s.inputs), *states.shape[-2:])
+        self._open()
+        states = self._states(anchors)
         target = self._read(s.targets, anchors + s.lead_steps)
         if s.residual:
             target = target - states[:, -1][:, s.target_in_input]
         y = (target - s.out_mean[None, :, None, None]) / s.out_std[None, :, None, None]
-        x = (states - s.in_mean[None, None, :, None, None]) / s.in_std[None, None, :, None, None]
-        x = x.reshape(len(anchors), -1, *x.shape[-2:])
-        if self._const is not None:
-            x = np.concatenate([x, np.broadcast_to(self._const, (len(anchors), *self._const.shape))], axis=1)
-        if not (np.isfinite(x).all() and np.isfinite(y).all()):
-            bad = anchors[~(np.isfinite(x).all(axis=(1, 2, 3)) & np.isfinite(y).all(axis=(1, 2, 3)))]
-            raise DataError(f"store {s.store}: NaN/inf in windows with anchors {bad[:5].tolist()}; "
-                            "training needs complete fields")
+        x = self._normalise_inputs(states)
+        self._check_finite(anchors, x, y)
         return {"x": np.ascontiguousarray(x, dtype=np.float32), "y": y.astype(np.float32), "anchor": anchors}
 
 
