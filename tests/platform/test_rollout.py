@@ -1,4 +1,5 @@
-"""Autoregressive rollout: de/normalisation and the history shift, checked against persistence."""
+"""Autoregressive rollout: de/normalisation and the history shift checked against persistence, per-lead
+scores (RMSE, ACC, persistence), routing draws as an ensemble, the forecast store."""
 
 from __future__ import annotations
 
@@ -6,7 +7,8 @@ import numpy as np
 import torch
 
 from wxray.data.schema import open_stats, open_store
-from wxray.platform.rollout import rollout, score_per_lead, to_forecast_dataset
+from wxray.platform.rollout import rollout, to_forecast_dataset
+from wxray.platform.rollout_scores import score_per_lead
 from wxray.platform.windows import WindowConfig, make_spec
 
 
@@ -56,7 +58,7 @@ def test_zero_tendency_rollout_is_persistence_and_scores_match(tiny_store):
     for k in range(3):
         err = (z[anchors] - z[anchors + k + 1]) ** 2
         expected = np.sqrt(np.mean([np.average(e.mean(-1), weights=w) for e in err]))
-        np.testing.assert_allclose(scores["geopotential_850"][k], expected, rtol=0.02)
+        np.testing.assert_allclose(scores["rmse"]["geopotential_850"][k], expected, rtol=0.02)
 
 
 def test_history_shifts_by_one_step_each_lead(tiny_store):
@@ -72,3 +74,136 @@ def test_history_shifts_by_one_step_each_lead(tiny_store):
     np.testing.assert_allclose(fc[0, 0, ch], z[4], rtol=1e-5)
     np.testing.assert_allclose(fc[0, 1, ch], z[5], rtol=1e-5)
     np.testing.assert_allclose(fc[0, 2, ch], z[4], rtol=1e-5)
+
+
+def _with_climatology(path):
+    from wxray.data.stats import add_stats
+
+    add_stats(path, clim_window_days=3, progress=False)  # stats/* incl. climatology, by the data layer
+    return open_store(path)
+
+
+def test_report_scores_acc_and_persistence_per_lead(tiny_store):
+    from wxray.platform.rollout_scores import open_climatology, rollout_report
+    from wxray.verify.spatial import latitude_weights
+
+    path, ds = tiny_store
+    store = _with_climatology(path)
+    spec = make_spec(str(path), store, open_stats(path), WindowConfig(history=2, lead_steps=1, residual=True))
+    anchors = np.array([3, 4, 15, 27])
+    forecast = to_forecast_dataset(rollout(ZeroTendency(spec), spec, anchors, steps=2), spec, store, anchors)
+    clim = open_climatology(path)
+    report = rollout_report(forecast, store, clim)
+    assert report["lead_hours"] == [6, 12] and report["inits"] == 4 and report["members"] == 1
+    channels = [c.name for c in spec.targets]
+    for key in ("rmse", "acc", "persistence_rmse", "persistence_acc"):
+        assert sorted(report[key]) == sorted(channels) and all(len(v) == 2 for v in report[key].values())
+    # A zero-tendency model *is* persistence: the two rows agree, and the forecast's ACC is WB2's.
+    for ch in channels:
+        np.testing.assert_allclose(report["rmse"][ch], report["persistence_rmse"][ch], rtol=1e-5)
+        np.testing.assert_allclose(report["acc"][ch], report["persistence_acc"][ch], rtol=1e-5)
+    w = latitude_weights(ds.latitude.values).values[:, None]
+    times = store.time.values
+    c = clim.geopotential.sel(level=500)
+    accs = []
+    for a in anchors:
+        valid = times[a + 2]
+        cv = c.sel(dayofyear=valid.astype("datetime64[D]").item().timetuple().tm_yday,
+                   hour=int(str(valid)[11:13])).values
+        f, t = ds.geopotential.sel(level=500).values[a] - cv, ds.geopotential.sel(level=500).values[a + 2] - cv
+        accs.append((w * f * t).mean() / np.sqrt((w * f * f).mean() * (w * t * t).mean()))
+    np.testing.assert_allclose(report["acc"]["geopotential_500"][1], np.mean(accs), rtol=1e-4)
+    assert report["units"] == dict.fromkeys(channels, "")  # the tiny store has no units attrs
+
+
+def test_report_without_climatology_has_no_acc(tiny_store):
+    from wxray.platform.rollout_scores import open_climatology, rollout_report
+
+    path, _ = tiny_store
+    store = open_store(path)
+    spec = make_spec(str(path), store, open_stats(path), WindowConfig(history=2, lead_steps=1, residual=True))
+    anchors = np.array([3, 15])
+    forecast = to_forecast_dataset(rollout(Shift(spec), spec, anchors, steps=1), spec, store, anchors)
+    report = rollout_report(forecast, store, open_climatology(path))
+    assert "acc" not in report and "persistence_acc" not in report and "rmse" in report
+
+
+def _tiny_model(spec):
+    from wxray.platform.train_config import ModelConfig
+    from wxray.platform.trainer_loop import build_forecaster
+
+    torch.manual_seed(0)
+    return build_forecaster(ModelConfig(embed_dim=16, depth=3, num_heads=2, split=(1, 1, 1), keep_ratio=0.5,
+                                        skip_channels=8), spec)
+
+
+def _spy_on_draws(model) -> list:
+    """Record every per-sample token selection of `model` (in call order)."""
+    selector, calls = model.router.selector, []
+    select = selector.select
+
+    def spy(x, k, generator=None, context=None):
+        calls.append(select(x, k, generator, context))
+        return calls[-1]
+
+    selector.select = spy
+    return calls
+
+
+def test_routing_members_are_own_draws_and_recompute_alone(tiny_store):
+    path, _ = tiny_store
+    store = open_store(path)
+    spec = make_spec(str(path), store, open_stats(path), WindowConfig(history=2, lead_steps=1, levels=[500]))
+    model = _tiny_model(spec)
+    draws = _spy_on_draws(model)
+    anchors = np.array([3, 15])
+    fc = rollout(model, spec, anchors, steps=2, seed=7, members=[0, 1, 2], batch_size=1)
+    assert fc.shape == (2, 3, 2, 2, 8, 16)
+    one_by_one = [draws[2 * s: 2 * s + 2] for s in range(6)]  # sample s = (init s // 3, member s % 3), 2 steps
+    assert not torch.equal(one_by_one[0][0], one_by_one[1][0]) and not np.array_equal(fc[:, 0], fc[:, 1])
+    # Member 2 of init 15 recomputed alone: the same draws, the same forecast bit for bit.
+    draws.clear()
+    alone = rollout(model, spec, anchors[1:], steps=2, seed=7, members=[2], batch_size=1)
+    assert all(torch.equal(a, b) for a, b in zip(draws, one_by_one[5], strict=True))
+    assert np.array_equal(alone[0, 0], fc[1, 2])
+    # All six samples in one batch: every sample still draws from its own generator.
+    draws.clear()
+    batched = rollout(model, spec, anchors, steps=2, seed=7, members=[0, 1, 2], batch_size=6)
+    assert all(torch.equal(draws[6 * k + s], one_by_one[s][k]) for s in range(6) for k in range(2))
+    np.testing.assert_allclose(batched, fc, rtol=1e-6)  # batched kernels may round differently
+    plain = rollout(model, spec, anchors, steps=2, seed=7)
+    assert np.array_equal(plain, fc[:, 0])  # the deterministic forecast is member 0
+    assert not np.array_equal(rollout(model, spec, anchors, steps=2, seed=8), plain)
+
+
+def test_member_seed_scheme():
+    from wxray.platform.rollout import member_seed
+
+    t = np.datetime64("2000-01-01T06:00:00.000000000")
+    expected = np.random.SeedSequence([3, 946706400, 1]).generate_state(1, np.uint64)[0]
+    assert member_seed(3, t, 1) == int(expected)
+    seeds = {member_seed(3, t, m) for m in range(4)} | {member_seed(3, t + np.timedelta64(6, "h"), 0)}
+    assert len(seeds) == 5
+    assert member_seed(0, np.datetime64("1950-01-01T00"), 0) >= 0  # before 1970: still a valid seed
+
+
+def test_forecast_store_has_members_units_and_consolidated_metadata(tiny_store, tmp_path):
+    import warnings
+
+    import xarray as xr
+
+    from wxray.platform.rollout import write_forecast
+
+    path, _ = tiny_store
+    store = open_store(path)
+    spec = make_spec(str(path), store, open_stats(path), WindowConfig(history=2, lead_steps=1, levels=[500]))
+    anchors = np.array([3, 15])
+    fc = rollout(_tiny_model(spec), spec, anchors, steps=2, members=[0, 1, 2])
+    ds = to_forecast_dataset(fc, spec, store, anchors, members=[0, 1, 2])
+    write_forecast(ds, tmp_path / "forecast.zarr")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "consolidated metadata missing" RuntimeWarning
+        back = xr.open_zarr(tmp_path / "forecast.zarr")
+    assert back.geopotential.dims == ("init_time", "lead_time", "member", "level", "latitude", "longitude")
+    assert back.sizes["member"] == 3 and back.attrs["routing_members"] == 3
+    np.testing.assert_array_equal(back.geopotential.isel(member=1, level=0).values, fc[:, 1, :, 0])

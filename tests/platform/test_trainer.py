@@ -58,9 +58,9 @@ def test_fsdp2_two_workers_survive_a_killed_worker_and_learn(ray_session, wave_s
     losses = _history(tmp_path, res["mlflow_run_id"], "train/epoch_loss")
     assert losses[-1] < 0.7 * losses[0], losses
     assert set(res["val_rmse"]) == {"geopotential_500", "temperature_500"}
-    assert (out / "validation_map.png").stat().st_size > 1000
+    assert (out / "forecast_map_test.png").stat().st_size > 1000
     assert (out / "summary.json").exists() and (out / "forecast.zarr").exists()
-    assert len(res["rollout_rmse"]["geopotential_500"]) == 2
+    assert len(res["rollout"]["rmse"]["geopotential_500"]) == 2 and res["rollout"]["lead_hours"] == [6, 12]
 
 
 @pytest.mark.slow

@@ -1,5 +1,9 @@
 """After training: the final checkpoint rolled out on the test split, written as `forecast.zarr` in the
-forecast convention, scored per lead, and a truth / forecast / error map.
+forecast convention, scored per lead beside persistence (rollout_scores.py), and a truth / forecast /
+error map of the first target at the first lead (`forecast_map_<split>.png`).
+
+With `train.routing_members` = M > 1 every init is forecast M times, one routing draw each (rollout.py),
+and `forecast.zarr` has a `member` dim; the per-lead scores are those of the ensemble mean.
 """
 
 from __future__ import annotations
@@ -9,18 +13,19 @@ from typing import Any
 
 import numpy as np
 
-from wxray.data.schema import open_store
+from wxray.data.schema import LAT, LON, TIME, open_store
 from wxray.io import atomic_path
 from wxray.job import JobContext
 from wxray.platform import checkpoints
 from wxray.platform.datasets import WindowData
-from wxray.platform.rollout import rollout, rollout_anchors, score_per_lead, to_forecast_dataset
+from wxray.platform.rollout import rollout, rollout_anchors, routing_varies, to_forecast_dataset, write_forecast
+from wxray.platform.rollout_scores import log_report, open_climatology, rollout_report
 from wxray.platform.train_config import TrainSparseConfig
 from wxray.platform.trainer_loop import build_forecaster
 
 
 def save_map_png(path: Path, truth: np.ndarray, forecast: np.ndarray, lat: np.ndarray, lon: np.ndarray,
-                 title: str) -> Path:
+                 title: str, units: str = "") -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -36,7 +41,7 @@ def save_map_png(path: Path, truth: np.ndarray, forecast: np.ndarray, lat: np.nd
         im = ax.pcolormesh(lon, lat, field, shading="auto", **kw)
         ax.set_title(name)
         ax.set_xlabel("longitude")
-        fig.colorbar(im, ax=ax, shrink=0.85)
+        fig.colorbar(im, ax=ax, shrink=0.85, label=units)
     axes[0].set_ylabel("latitude")
     fig.suptitle(title)
     with atomic_path(path) as tmp:
@@ -45,36 +50,55 @@ def save_map_png(path: Path, truth: np.ndarray, forecast: np.ndarray, lat: np.nd
     return path
 
 
+def forecast_map(out_dir: Path, forecast, ds, spec, split: str) -> Path:
+    """Truth / forecast (ensemble mean) / error of the first target channel, first init, first lead."""
+    ch = spec.targets[0]
+    fc = forecast[ch.variable].isel(init_time=0, lead_time=0)
+    if "member" in fc.dims:
+        fc = fc.mean("member")
+    init, lead = fc["init_time"].values, fc["lead_time"].values
+    truth = ds[ch.variable].sel({TIME: init + lead})
+    if ch.level is not None:
+        fc, truth = fc.sel(level=ch.level), truth.sel(level=ch.level)
+    truth = truth.isel({LAT: slice(*spec.fit.rows), LON: slice(*spec.fit.cols)})  # the kept grid
+    hours = lead / np.timedelta64(1, "h")
+    members = forecast.sizes.get("member", 1)
+    what = f"mean of {members} routing draws, " if members > 1 else ""
+    title = f"{ch.name}, init {str(init)[:16]}, lead +{hours:g} h ({what}{split} split)"
+    return save_map_png(out_dir / f"forecast_map_{split}.png", truth.values, fc.values, spec.latitude,
+                        spec.longitude, title, units=str(ds[ch.variable].attrs.get("units", "")))
+
+
 def evaluate_checkpoint(cfg: TrainSparseConfig, data: WindowData, ckpt_dir: Path, out_dir: Path,
                         ctx: JobContext) -> dict[str, Any]:
-    """Rollout on the test split (val when there is no test split), forecast zarr, per-lead RMSE, map PNG."""
+    """Rollout on the test split (val when there is no test split), forecast zarr, per-lead scores, map PNG."""
+    spec = data.spec
     state, _ = checkpoints.load(ckpt_dir)
-    model = build_forecaster(cfg.model, data.spec)
+    model = build_forecaster(cfg.model, spec)
     checkpoints.load_model_weights(model, state, str(ckpt_dir))
-    ds = open_store(cfg.data.store)
+    ds = open_store(spec.store)
     split = "test" if len(data.anchors["test"]) else "val"
     steps = cfg.train.rollout_steps
-    autoregressive = [c.name for c in data.spec.targets] == [c.name for c in data.spec.inputs]
+    autoregressive = [c.name for c in spec.targets] == [c.name for c in spec.inputs]
     # Inputs are consecutive native steps; with lead_steps > 1 a forecast cannot extend a longer history.
-    autoregressive &= data.spec.history == 1 or data.spec.lead_steps == 1
+    autoregressive &= spec.history == 1 or spec.lead_steps == 1
     steps = steps if autoregressive else min(steps, 1)
-    anchors = rollout_anchors(ds, np.sort(data.anchors[split]), data.spec, steps) if steps else np.zeros(0, int)
+    anchors = rollout_anchors(ds, np.sort(data.anchors[split]), spec, steps) if steps else np.zeros(0, int)
     if len(anchors) == 0:
-        return {"rollout_split": split, "rollout_inits": 0}
-    fc = rollout(model, data.spec, anchors, steps, seed=cfg.train.seed, batch_size=cfg.data.batch_size)
-    forecast = to_forecast_dataset(fc, data.spec, ds, anchors)
-    with atomic_path(out_dir / "forecast.zarr") as tmp:
-        forecast.to_zarr(tmp, zarr_format=3, consolidated=False)
-    scores = score_per_lead(forecast, ds)
-    for k in range(steps):
-        ctx.tracker.log_metrics({f"rollout/rmse/{ch}": v[k] for ch, v in scores.items()}, step=k + 1)
-    ch0 = data.spec.targets[0]
-    truth = ds[ch0.variable].isel(time=int(anchors[0]) + data.spec.lead_steps)
-    if ch0.level is not None:
-        truth = truth.sel(level=ch0.level)
-    png = save_map_png(out_dir / "validation_map.png", truth.values, fc[0, 0, 0], data.spec.latitude,
-                       data.spec.longitude, f"{ch0.name}, init {str(ds.time.values[anchors[0]])[:16]}, "
-                                            f"first lead ({split} split)")
-    ctx.tracker.log_artifact(png)
-    return {"rollout_split": split, "rollout_inits": int(len(anchors)), "rollout_rmse": scores,
-            "forecast": str(out_dir / "forecast.zarr")}
+        return {"rollout": {"split": split, "inits": 0}}
+    n_members, note = cfg.train.routing_members, {}
+    if n_members > 1 and not routing_varies(model):
+        # Only found out after training: a warning and the deterministic forecast, not a lost run.
+        note = {"note": f"train.routing_members={n_members} ignored: model.selection={cfg.model.selection} "
+                        f"(deterministic_eval={cfg.model.deterministic_eval}) draws no random routing"}
+        print(f"wxray: {note['note']}", flush=True)
+        n_members = 1
+    members = list(range(n_members)) if n_members > 1 else None
+    fc = rollout(model, spec, anchors, steps, seed=cfg.train.seed, batch_size=cfg.data.batch_size,
+                 members=members)
+    forecast = to_forecast_dataset(fc, spec, ds, anchors, members)
+    path = write_forecast(forecast, out_dir / "forecast.zarr")
+    report = rollout_report(forecast, ds, open_climatology(spec.store))
+    log_report(report, ctx.tracker)
+    ctx.tracker.log_artifact(forecast_map(out_dir, forecast, ds, spec, split))
+    return {"rollout": {"split": split, **report, **note}, "forecast": str(path)}

@@ -85,6 +85,7 @@ class LoopConfig:
     max_failures: int = 1
     log_every: int = 10  # steps
     rollout_steps: int = 4
+    routing_members: int = 1  # post-training rollout: routing draws per init; > 1 writes a `member` dim
     var_weights: dict[str, float] = field(default_factory=dict)  # channel name -> loss weight
     init_from: str = ""  # checkpoint dir/file to initialise weights from (fine-tuning)
     # Fault drill: worker rank 1 (or 0 with one worker) kills its own process once, after the first step
@@ -98,6 +99,8 @@ class LoopConfig:
             raise ConfigError(f"train.checkpoint_every must be >= 1, got {self.checkpoint_every}")
         if self.rollout_steps < 0:
             raise ConfigError(f"train.rollout_steps must be >= 0, got {self.rollout_steps}")
+        if self.routing_members < 1:
+            raise ConfigError(f"train.routing_members must be >= 1, got {self.routing_members}")
         for key in ("log_every", "keep_checkpoints"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"train.{key} must be >= 1, got {getattr(self, key)}")

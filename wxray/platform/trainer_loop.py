@@ -277,7 +277,8 @@ def train_fn_per_worker(config: dict[str, Any]) -> None:
                 if rank == 0:
                     state = {"model": model_sd, "optimizer": opt_sd, "samples_seen": seen,
                              "epoch": epoch, "step": step, "torch_rng": torch.get_rng_state()}
-                    checkpoints.save(tmp, state, {"model": config["model_identity"], "epoch": epoch, "step": step})
+                    checkpoints.save(tmp, state, {"model": config["model_identity"], "epoch": epoch, "step": step,
+                                                  "data": {**config["cfg"]["data"], "store": spec.store}})
                     ckpt = ray.train.Checkpoint.from_directory(tmp)
                 reporter.report(metrics, step, checkpoint=ckpt)
         else:
