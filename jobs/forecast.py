@@ -1,0 +1,25 @@
+#!/usr/bin/env python
+"""Forecast with a trained checkpoint: forecast.zarr (forecast convention) + per-lead scores, RESULT line.
+
+    python jobs/forecast.py checkpoint=runs/train_sparse/exp1                      # the run's test split
+    python jobs/forecast.py checkpoint=<run or checkpoint dir> inits=2000-03-01/2000-03-31 steps=8
+    python jobs/forecast.py checkpoint=<dir> routing_members=10 seed=0   # routing draws as an ensemble
+    python jobs/evaluate.py forecast=<out_dir>/forecast.zarr truth=<store>   # CRPS, spread-skill, ...
+
+Every option is a field of `wxray.platform.forecast.ForecastConfig`; bad input exits 2 with a one-line error.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from wxray.job import run_job
+from wxray.platform.forecast import ForecastConfig, forecast
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_job("forecast", ForecastConfig, forecast, argv, doc=__doc__)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,134 @@
+"""jobs/forecast.py: a checkpoint -> forecast.zarr (routing members as an ensemble) -> jobs/evaluate.py."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+import xarray as xr
+
+from tests.platform.conftest import write_tiny_store
+from wxray.config import dump_yaml, to_dict
+from wxray.data.schema import open_stats, open_store
+from wxray.job import run_job
+from wxray.platform import checkpoints
+from wxray.platform.datasets import DataConfig
+from wxray.platform.forecast import ForecastConfig, forecast
+from wxray.platform.rollout import rollout
+from wxray.platform.train_config import ModelConfig, TrainSparseConfig
+from wxray.platform.trainer_loop import build_forecaster, model_identity
+from wxray.platform.windows import fit_spec, make_spec
+from wxray.verify.evaluate import EvaluateConfig, evaluate
+
+TRAJECTORY_1 = "2000-01-01T06/2000-01-04T06"  # every init of the first trajectory with truth 12 h ahead
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    path = tmp_path_factory.mktemp("fc") / "odd.zarr"
+    write_tiny_store(path, n_traj=2, steps=16, grid=(9, 16), levels=(500,))  # 9 rows: patch 2 needs the fit
+    return path
+
+
+def _configs(store, grid_fit: str, deterministic_eval: bool = False):
+    data = DataConfig(store=str(store), history=2, lead_steps=1, levels=[500], grid_fit=grid_fit)
+    model = ModelConfig(embed_dim=16, depth=3, num_heads=2, split=(1, 1, 1), keep_ratio=0.5, skip_channels=8,
+                        deterministic_eval=deterministic_eval)
+    return data, model
+
+
+def _spec(store, data, model):
+    return fit_spec(make_spec(str(store), open_store(store), open_stats(store), data), model.patch_size,
+                    data.grid_fit)
+
+
+def _save_checkpoint(directory, store, grid_fit="crop", data_in_meta=True, **kw):
+    """A freshly initialised model saved as training saves it (faster than training one)."""
+    data, model_cfg = _configs(store, grid_fit, **kw)
+    spec = _spec(store, data, model_cfg)
+    torch.manual_seed(0)
+    model = build_forecaster(model_cfg, spec)
+    meta = {"model": model_identity(model_cfg, spec), "epoch": 1, "step": 1}
+    if data_in_meta:
+        meta["data"] = {**to_dict(data), "store": spec.store}
+    return checkpoints.save(directory, {"model": model.state_dict()}, meta), model, spec
+
+
+def _run(capsys, job, cfg_cls, main, argv):
+    rc = run_job(job, cfg_cls, main, argv)
+    cap = capsys.readouterr()
+    results = [line for line in cap.out.splitlines() if line.startswith("RESULT ")]
+    return rc, (json.loads(results[-1][7:]) if results else None), cap.err
+
+
+def test_routing_members_forecast_recomputes_alone_and_evaluates(store, tmp_path, capsys):
+    ckpt, model, spec = _save_checkpoint(tmp_path / "ckpt", store, "crop")
+    out = tmp_path / "fc"
+    rc, res, err = _run(capsys, "forecast", ForecastConfig, forecast,
+                        [f"checkpoint={ckpt}", f"out_dir={out}", f"tracking.uri=sqlite:///{tmp_path}/m.db",
+                         "routing_members=3", "steps=2", f"inits={TRAJECTORY_1}", "seed=5"])
+    assert rc == 0, err
+    assert res["members"] == 3 and res["grid"] == "8x16" and res["grid_fit"] == "crop" and res["inits"] == 13
+    roll = res["rollout"]
+    assert roll["lead_hours"] == [6, 12] and roll["scored"] == "ensemble mean" and roll["scored_inits"] == 13
+    assert set(roll) >= {"rmse", "persistence_rmse", "units"}
+    fc = xr.open_zarr(res["forecast"])  # consolidated metadata: plain open_zarr, no warning
+    truth = open_store(store)
+    assert fc.sizes["member"] == 3
+    np.testing.assert_array_equal(fc.latitude.values, truth.latitude.values[1:])  # crop drops the south row
+    z = fc.geopotential.sel(level=500).values  # (init, lead, member, lat, lon)
+    assert not np.array_equal(z[:, :, 0], z[:, :, 1])
+    # Member 2 of the 5th init recomputed alone, from its own (seed, init, member) generator: bit for bit.
+    anchor = int(np.flatnonzero(truth.time.values == fc.init_time.values[4])[0])
+    alone = rollout(model, spec, np.array([anchor]), steps=2, seed=5, members=[2])
+    assert np.array_equal(alone[0, 0, :, 0], z[4, :, 2])
+
+    # jobs/evaluate.py scores the ensemble against the untouched store (regrid: the south row was cropped).
+    rc, card, err = _run(capsys, "evaluate", EvaluateConfig, evaluate,
+                         [f"forecast={res['forecast']}", f"truth={store}", "regrid=true", "n_bootstrap=200",
+                          "plots=false", f"out_dir={tmp_path / 'ev'}", f"tracking.uri=sqlite:///{tmp_path}/m.db"])
+    assert rc == 0, err
+    assert card["n_members"] == 3
+    assert any(k.startswith("crps.geopotential_500") for k in card), card
+    assert any(k.startswith("ssr.geopotential_500") for k in card), card
+
+
+def test_run_directory_with_config_yaml_and_padded_grid(store, tmp_path, capsys):
+    run = tmp_path / "run"
+    _save_checkpoint(run / "ray" / "train" / "checkpoint_000000", store, "pad", data_in_meta=False)
+    data, model_cfg = _configs(store, "pad")
+    (run / "config.yaml").write_text(dump_yaml(TrainSparseConfig(data=data, model=model_cfg)))
+    rc, res, err = _run(capsys, "forecast", ForecastConfig, forecast,
+                        [f"checkpoint={run}", f"out_dir={tmp_path / 'fc'}", "tracking.enabled=false", "steps=1"])
+    assert rc == 0, err
+    assert res["members"] == 1 and res["grid"] == "9x16" and res["grid_fit"] == "pad"
+    assert res["inits"] >= 1 and res["rollout"]["scored_inits"] == res["inits"]  # default: the test split
+    assert res["first_init"] >= "2000-01-07"  # the test split is the end of the record
+    fc = xr.open_zarr(res["forecast"])
+    assert "member" not in fc.dims and fc.sizes["latitude"] == 9  # pad keeps every row, writes no padding
+
+
+@pytest.mark.parametrize("what, needle", [
+    ("missing", "does not exist"),
+    ("empty", "no checkpoint found"),
+    ("outside", "no init in store"),
+    ("fixed_routing", "draws no random routing"),
+    ("bad_range", "inits must be 'start/end' dates"),
+])
+def test_bad_forecast_input_is_one_line(store, tmp_path, capsys, what, needle):
+    ckpt, _, _ = _save_checkpoint(tmp_path / "ckpt", store, deterministic_eval=what == "fixed_routing")
+    (tmp_path / "empty").mkdir()
+    argv = {"missing": [f"checkpoint={tmp_path / 'nope'}"],
+            "empty": [f"checkpoint={tmp_path / 'empty'}"],
+            "outside": [f"checkpoint={ckpt}", "inits=1999-01-01/1999-02-01"],
+            "fixed_routing": [f"checkpoint={ckpt}", "routing_members=2", f"inits={TRAJECTORY_1}"],
+            "bad_range": [f"checkpoint={ckpt}", "inits=2000-01-01"]}[what]
+    out = tmp_path / "out"
+    rc, res, err = _run(capsys, "forecast", ForecastConfig, forecast,
+                        [*argv, f"out_dir={out}", "tracking.enabled=false"])
+    assert rc == 2 and res is None
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("error: ") and needle in last, last
+    assert not out.exists()

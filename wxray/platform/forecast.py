@@ -1,0 +1,181 @@
+"""The forecast job (`jobs/forecast.py`): a trained checkpoint rolled out from chosen initialisations,
+written as `forecast.zarr` (forecast convention, consolidated metadata) and scored per lead beside
+persistence where the store has the truth.
+
+    python jobs/forecast.py checkpoint=runs/train_sparse/exp1 inits=2000-03-01/2000-03-31 steps=8
+    python jobs/forecast.py checkpoint=<run dir> routing_members=10    # routing draws as an ensemble
+    python jobs/evaluate.py forecast=<out_dir>/forecast.zarr truth=<store>   # CRPS, spread-skill, ...
+
+`checkpoint` is a training run directory (its newest checkpoint under `ray/`) or one checkpoint
+directory. The model and data configs are the ones the checkpoint was trained with: its meta.json
+(`model`, `data`), else the run directory's config.yaml. The store (`store=`) may be another one with
+the same channels, e.g. a later period; an init needs only its history in the store, and inits with
+truth for every lead are scored.
+
+`routing_members` = M > 1 forecasts every init M times, member m drawing its token selection from a
+generator seeded by (seed, init time, m) (rollout.py), so a member can be recomputed alone; M = 1 is
+the plain deterministic forecast (member 0, no `member` dim).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from wxray.config import from_dict, load_yaml
+from wxray.data.schema import TIME, open_stats, open_store
+from wxray.errors import CheckpointError, ConfigError, DataError
+from wxray.job import JobConfig, JobContext
+from wxray.platform import checkpoints
+from wxray.platform.datasets import DataConfig
+from wxray.platform.rollout import (
+    check_rollout,
+    rollout,
+    rollout_anchors,
+    routing_varies,
+    to_forecast_dataset,
+    write_forecast,
+)
+from wxray.platform.rollout_scores import log_report, open_climatology, rollout_report
+from wxray.platform.train_config import ModelConfig
+from wxray.platform.trainer_loop import build_forecaster, model_identity
+from wxray.platform.windows import WindowSpec, fit_spec, make_spec, parse_range, split_anchors, valid_anchors
+
+
+@dataclass
+class ForecastConfig(JobConfig):
+    checkpoint: str = ""  # a training run directory (its newest checkpoint) or a checkpoint directory
+    store: str = ""  # "" = the store the checkpoint was trained on
+    inits: str = ""  # "start/end" init times, inclusive; "" = the training run's test split
+    steps: int = 4  # autoregressive steps, each the checkpoint's lead (data.lead_steps native steps)
+    routing_members: int = 1  # routing draws per init; > 1 writes a `member` dim (an implicit ensemble)
+    seed: int = 0  # member m of init t draws from SeedSequence([seed, t in seconds, m]) (rollout.py)
+    batch_size: int = 1  # (init, member) samples per forward; 1 = any member recomputes alone bit for bit
+    device: str = "auto"  # auto (a GPU when there is one), cpu, cuda, cuda:1, ...
+
+    experiment = "wxray-forecast"
+
+    def validate(self) -> None:
+        if not self.checkpoint:
+            raise ConfigError("config key 'checkpoint' is required (a training run directory or a checkpoint "
+                              "directory)")
+        for key in ("steps", "routing_members", "batch_size"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"config key '{key}' must be >= 1, got {getattr(self, key)}")
+        if self.seed < 0:
+            raise ConfigError(f"config key 'seed' must be >= 0, got {self.seed}")
+        if self.inits:
+            parse_range(self.inits, "inits")
+
+
+def find_checkpoint(path: str) -> Path:
+    p = Path(path).expanduser()
+    if p.is_file() and p.name == checkpoints.STATE:
+        p = p.parent
+    if not p.is_dir():
+        raise CheckpointError(f"checkpoint {p} does not exist (expected a training run directory or a checkpoint "
+                              "directory)")
+    if (p / checkpoints.STATE).is_file():
+        return p
+    last = checkpoints.latest(p / "ray" if (p / "ray").is_dir() else p)
+    if last is None:
+        raise CheckpointError(f"checkpoint {p}: no checkpoint found (expected a training run directory with "
+                              f"ray/**/checkpoint_*/ or a checkpoint directory with {checkpoints.STATE})")
+    return last
+
+
+def _run_config(ckpt: Path) -> Path | None:
+    """config.yaml of the training run directory holding `ckpt` under its ray/ storage."""
+    for parent in ckpt.parents:
+        if (parent / "config.yaml").is_file() and (parent / "ray") in (ckpt, *ckpt.parents):
+            return parent / "config.yaml"
+    return None
+
+
+def training_configs(ckpt: Path, meta: dict[str, Any]) -> tuple[ModelConfig, DataConfig]:
+    names = {f.name for f in fields(ModelConfig)}
+    model = {k: v for k, v in meta.get("model", {}).items() if k in names}
+    data = meta.get("data")
+    if data is None:  # checkpoints written before meta.json held the data config
+        found = _run_config(ckpt)
+        if found is None:
+            raise CheckpointError(f"checkpoint {ckpt}: meta.json has no data config and no training run "
+                                  "config.yaml was found above it")
+        data = load_yaml(found).get("data", {})
+    try:
+        return from_dict(ModelConfig, model), from_dict(DataConfig, data)
+    except ConfigError as e:
+        raise CheckpointError(f"checkpoint {ckpt}: its training config does not load here ({e})") from None
+
+
+def choose_inits(ds, spec: WindowSpec, data_cfg: DataConfig, cfg: ForecastConfig, store: str) -> np.ndarray:
+    """Anchors (index of the last input step) of the inits to forecast from."""
+    times = ds[TIME].values
+    if not cfg.inits:
+        test = split_anchors(ds, valid_anchors(ds, spec.history, spec.lead_steps), data_cfg)["test"]
+        anchors = rollout_anchors(ds, test, spec, cfg.steps)
+        if len(anchors) == 0:
+            raise DataError(f"store {store}: the training run's test split has no init with truth "
+                            f"{cfg.steps} step(s) ahead; give inits=start/end")
+        return anchors
+    lo, hi = parse_range(cfg.inits, "inits")
+    ok = valid_anchors(ds, spec.history, 0)  # the history is in the store; the truth need not be
+    anchors = ok[(times[ok] >= lo) & (times[ok] <= hi)]
+    if len(anchors) == 0:
+        first, last = (str(times[ok[i]])[:19] if len(ok) else "-" for i in (0, -1))
+        raise DataError(f"inits={cfg.inits}: no init in store {store} (inits with {spec.history} step(s) "
+                        f"of history run from {first} to {last})")
+    return anchors
+
+
+def _device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        return torch.device(name)
+    except RuntimeError:
+        raise ConfigError(f"config key 'device' expects auto, cpu, cuda or cuda:<i>, got {name!r}") from None
+
+
+def forecast(cfg: ForecastConfig, ctx: JobContext) -> dict[str, Any]:
+    ckpt = find_checkpoint(cfg.checkpoint)
+    meta = checkpoints.read_meta(ckpt)
+    model_cfg, data_cfg = training_configs(ckpt, meta)
+    store = str(Path(cfg.store or data_cfg.store).expanduser().resolve())
+    ds = open_store(store)
+    spec = fit_spec(make_spec(store, ds, open_stats(store), data_cfg), model_cfg.patch_size, data_cfg.grid_fit)
+    state, _ = checkpoints.load(ckpt, expect_model=model_identity(model_cfg, spec))
+    try:
+        model = build_forecaster(model_cfg, spec)
+        check_rollout(spec, cfg.steps)
+    except ValueError as e:
+        raise ConfigError(f"checkpoint {ckpt}: {e}") from None
+    checkpoints.load_model_weights(model, state, str(ckpt))
+    if cfg.routing_members > 1 and not routing_varies(model):
+        raise ConfigError(f"routing_members={cfg.routing_members}: the checkpoint's model.selection="
+                          f"{model_cfg.selection} (deterministic_eval={model_cfg.deterministic_eval}) draws no "
+                          "random routing, so every member would be the same")
+    anchors = choose_inits(ds, spec, data_cfg, cfg, store)
+    device = _device(cfg.device)
+    tracker = ctx.tracker  # every input is checked: the run starts here
+
+    members = list(range(cfg.routing_members)) if cfg.routing_members > 1 else None
+    fc = rollout(model.to(device), spec, anchors, cfg.steps, seed=cfg.seed, batch_size=cfg.batch_size,
+                 members=members, device=device)
+    out = to_forecast_dataset(fc, spec, ds, anchors, members)
+    out.attrs.update(checkpoint=str(ckpt), seed=cfg.seed, store=store)
+    path = write_forecast(out, Path(ctx.out_dir) / "forecast.zarr")
+    scored = np.intersect1d(anchors, valid_anchors(ds, spec.history, cfg.steps * spec.lead_steps))
+    report: dict[str, Any] = {}
+    if len(scored):
+        report = rollout_report(out.sel(init_time=ds[TIME].values[scored]), ds, open_climatology(store))
+        log_report(report, tracker)
+    times = ds[TIME].values[anchors]
+    return {"forecast": str(path), "checkpoint": str(ckpt), "store": store, "inits": int(len(anchors)),
+            "first_init": str(times[0])[:19], "last_init": str(times[-1])[:19], "members": cfg.routing_members,
+            "grid_fit": spec.fit.mode, "grid": f"{spec.kept_grid[0]}x{spec.kept_grid[1]}",
+            "rollout": {"scored_inits": int(len(scored)), **report}}
