@@ -8,8 +8,14 @@ STAMP := $(VENV)/.installed
 TORCH_SPEC ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo "torch>=2.4" || echo "torch==2.13.0")
 HARMONICS_SPEC ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo "torch-harmonics>=0.8,<0.10" || echo "torch-harmonics==0.8.0")
 PYTEST_ARGS ?=
+ARGS ?=
+JOB ?= train_sparse
+RAY_PORT ?= 6379
+RAY_DASHBOARD_PORT ?= 8265
+RAY_CPUS ?= $(shell nproc)
+HEAD_PID := runs/ray-head.pid
 
-.PHONY: setup demo test test-fast lint bench mlflow-ui clean
+.PHONY: setup demo test test-fast lint bench mlflow-ui clean train ray-up submit ray-down
 
 setup: $(STAMP)
 
@@ -24,6 +30,32 @@ $(STAMP): pyproject.toml
 
 demo: setup
 	$(BIN)/python jobs/train_sparse.py
+
+train: setup   # make train ARGS="model.keep_ratio=0.5 train.epochs=10"
+	$(BIN)/python jobs/train_sparse.py $(ARGS)
+
+# A local Ray cluster for `ray job submit`, started from the venv (its python is what jobs run with).
+# --block ties the head's processes to one PID, so `make ray-down` stops this cluster and no other.
+ray-up: setup
+	@mkdir -p runs
+	@if [ -f $(HEAD_PID) ] && kill -0 $$(cat $(HEAD_PID)) 2>/dev/null; then \
+		echo "a Ray head started by make is already running (pid $$(cat $(HEAD_PID)))"; exit 1; fi
+	PATH=$(CURDIR)/$(BIN):$$PATH RAY_AUTH_MODE=token nohup $(BIN)/ray start --head --block \
+		--port=$(RAY_PORT) --dashboard-port=$(RAY_DASHBOARD_PORT) --num-cpus=$(RAY_CPUS) \
+		--disable-usage-stats > runs/ray-head.log 2>&1 & echo $$! > $(HEAD_PID)
+	@for i in $$(seq 60); do RAY_AUTH_MODE=token $(BIN)/ray job list \
+		--address http://127.0.0.1:$(RAY_DASHBOARD_PORT) >/dev/null 2>&1 && break; sleep 2; done
+	@echo "Ray head up: submit with make submit ARGS=...; stop with make ray-down (log: runs/ray-head.log)"
+
+# Submits jobs/$(JOB).py; WXRAY_HOME makes its outputs and MLflow runs land here, not in Ray's copy.
+submit: setup
+	RAY_AUTH_MODE=token $(BIN)/ray job submit --address http://127.0.0.1:$(RAY_DASHBOARD_PORT) \
+		--working-dir . --runtime-env-json '{"env_vars": {"WXRAY_HOME": "$(CURDIR)"}}' \
+		-- python jobs/$(JOB).py $(ARGS)
+
+ray-down:
+	@if [ -f $(HEAD_PID) ]; then kill $$(cat $(HEAD_PID)) 2>/dev/null || true; rm -f $(HEAD_PID); \
+		echo "stopped the Ray head started by make ray-up"; else echo "no Ray head started by make ray-up"; fi
 
 test: setup
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

@@ -16,7 +16,7 @@ from wxray.verify.evaluate import EvaluateConfig, evaluate
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_job("evaluate", EvaluateConfig, evaluate, argv)
+    return run_job("evaluate", EvaluateConfig, evaluate, argv, doc=__doc__)
 
 
 if __name__ == "__main__":

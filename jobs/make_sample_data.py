@@ -8,22 +8,10 @@ and prints `RESULT {json}` (store, n_times, grid, trajectories, generation secon
 See wxray/data/sample.py.
 """
 
-from __future__ import annotations
-
 import sys
 
-from wxray.data.jobs_config import SampleDataConfig, parse_grid
-from wxray.data.sample import make_sample_store
-from wxray.job import JobContext, run_job
-
-
-def main(cfg: SampleDataConfig, ctx: JobContext) -> dict:
-    result = make_sample_store(cfg.out, grid=parse_grid(cfg.grid), days=cfg.days, seed=cfg.seed,
-                               trajectories=cfg.trajectories, spinup_days=cfg.spinup_days,
-                               clim_window_days=cfg.clim_window_days, overwrite=cfg.overwrite)
-    ctx.tracker.log_metrics({"n_times": result.n_times, "generate_seconds": result.seconds})
-    return result.figures()
-
+from wxray.data.jobs import SampleDataConfig, make_sample_main
+from wxray.job import run_job
 
 if __name__ == "__main__":
-    sys.exit(run_job("make_sample_data", SampleDataConfig, main))
+    sys.exit(run_job("make_sample_data", SampleDataConfig, make_sample_main, doc=__doc__))

@@ -9,24 +9,10 @@ Bad input (corrupt file, missing variable/level, NaNs, bad time axis) -> one-lin
 See wxray/data/convert.py for the conventions.
 """
 
-from __future__ import annotations
-
 import sys
-import time
 
-from wxray.data.convert import prepare_data
-from wxray.data.jobs_config import PrepareDataConfig
-from wxray.job import JobContext, run_job
-
-
-def main(cfg: PrepareDataConfig, ctx: JobContext) -> dict:
-    t0 = time.perf_counter()
-    result = prepare_data(cfg)
-    figures = {**result.figures(), "seconds": round(time.perf_counter() - t0, 2)}
-    ctx.tracker.log_metrics({"n_times": result.n_times, "n_missing": result.n_missing,
-                             "n_variables": len(result.variables), "seconds": figures["seconds"]})
-    return figures
-
+from wxray.data.jobs import PrepareDataConfig, prepare_data_main
+from wxray.job import run_job
 
 if __name__ == "__main__":
-    sys.exit(run_job("prepare_data", PrepareDataConfig, main))
+    sys.exit(run_job("prepare_data", PrepareDataConfig, prepare_data_main, doc=__doc__))

@@ -13,4 +13,4 @@ from wxray.platform.train_config import TrainSparseConfig
 from wxray.platform.trainer import train_sparse
 
 if __name__ == "__main__":
-    sys.exit(run_job("train_sparse", TrainSparseConfig, train_sparse))
+    sys.exit(run_job("train_sparse", TrainSparseConfig, train_sparse, doc=__doc__))

@@ -41,3 +41,10 @@ def ray_session(tmp_path_factory):
 @pytest.fixture
 def tracking_uri(tmp_path):
     return f"sqlite:///{tmp_path}/mlflow.db"
+
+
+@pytest.fixture(autouse=True)
+def _no_leaked_tracking_uri(monkeypatch):
+    """`mlflow.set_tracking_uri` exports MLFLOW_TRACKING_URI; a test calling it must not steer later tests."""
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    yield

@@ -58,3 +58,50 @@ def test_bad_config_fails_before_any_work(tmp_path, capsys):
     assert rc == 2
     assert "config key 'x' expects float" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_experiments_open_on_the_runs_table_and_runs_are_named_by_what_they_are(tmp_path, tracking_uri, capsys):
+    rc = run_job("toy", ToyConfig, toy_main, [f"out_dir={tmp_path / 'run'}", f"tracking.uri={tracking_uri}"])
+    assert rc == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1][len("RESULT "):])
+    client = mlflow.tracking.MlflowClient(tracking_uri)
+    run = client.get_run(result["mlflow_run_id"])
+    experiment = client.get_experiment(run.info.experiment_id)
+    assert experiment.name == "wxray"  # JobConfig's experiment; jobs set their own (wxray-train, ...)
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
+    assert run.info.run_name == "toy-run"
+
+
+def test_under_ray_job_submit_outputs_go_to_the_wxray_home(tmp_path, monkeypatch, capsys):
+    """Ray runs a submitted job in a temporary copy of the working directory: nothing may land there."""
+    copy = tmp_path / "ray_session" / "runtime_resources" / "working_dir_files" / "_ray_pkg_x"
+    copy.mkdir(parents=True)
+    home = tmp_path / "project"
+    monkeypatch.chdir(copy)
+    monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", "{}")
+    monkeypatch.setenv("WXRAY_HOME", str(home))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    assert run_job("toy", ToyConfig, toy_main, ["out_dir=runs/exp", "x=2"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1][len("RESULT "):])
+    assert result["out_dir"] == str(home / "runs" / "exp")
+    assert (home / "runs" / "exp" / "summary.json").exists() and (home / "runs" / "mlflow.db").exists()
+    assert result["mlflow_uri"] == f"sqlite:///{home / 'runs' / 'mlflow.db'}"
+    assert list(copy.iterdir()) == []
+    # Without WXRAY_HOME the outputs still leave the temporary copy: ~/wxray, said on the console.
+    monkeypatch.delenv("WXRAY_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "user"))
+    assert run_job("toy", ToyConfig, toy_main, []) == 0
+    out = capsys.readouterr().out
+    assert f"outputs go under {tmp_path / 'user' / 'wxray'}" in out
+    assert list(copy.iterdir()) == [] and (tmp_path / "user" / "wxray" / "runs" / "toy").is_dir()
+
+
+def test_a_failing_job_leaves_an_existing_run_directory_as_it_was(tmp_path, tracking_uri, capsys):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "config.yaml").write_text("x: 7.0\n")
+    (out / "notes.txt").write_text("mine")
+    rc = run_job("toy", ToyConfig, toy_main, [f"out_dir={out}", "fail=true", f"tracking.uri={tracking_uri}"])
+    assert rc == 2
+    assert sorted(p.name for p in out.iterdir()) == ["config.yaml", "notes.txt"]
+    assert (out / "config.yaml").read_text() == "x: 7.0\n"

@@ -2,20 +2,29 @@
 
     python jobs/train_sparse.py --config configs/train_sparse.yaml model.keep_ratio=0.5 train.epochs=3
 
-Every key and value is checked against the dataclass before any work starts: an unknown key or a
-value of the wrong type is a one-line `ConfigError` naming the key. A config class may define
-`validate(self)` for checks across keys; it is called on every nested config after loading.
-Configs become plain dicts only at the Ray boundary (`to_dict`).
+Every key and value is checked against the dataclass before any work starts: an unknown key, a value
+of the wrong type or outside its domain is a one-line `ConfigError` naming the key. Numeric keys carry
+their domain in the type (`PosInt`, `NonNegInt`, `Fraction`, ... : `Annotated[int, Range(1)]`); floats
+must be finite. A config class may define `validate(self)` for checks across keys; it is called on every
+nested config after loading. Configs become plain dicts only at the Ray boundary (`to_dict`).
+
+A field's one-line doc is its trailing comment in the dataclass source (`describe` prints them for
+`--help`), so the code and the help text cannot drift apart.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import inspect
+import io
+import math
+import re
+import tokenize
 import types
 import typing
 from pathlib import Path
-from typing import Any, Literal, TypeVar, get_args, get_origin
+from typing import Annotated, Any, Literal, TypeVar, get_args, get_origin
 
 import yaml
 
@@ -24,9 +33,71 @@ from wxray.errors import ConfigError
 T = TypeVar("T")
 
 
+@dataclasses.dataclass(frozen=True)
+class Range:
+    """The domain of a numeric key: lo <= v <= hi (strict where `*_open`); None = unbounded."""
+
+    lo: float | None = None
+    hi: float | None = None
+    lo_open: bool = False
+    hi_open: bool = False
+
+    def contains(self, v: float) -> bool:
+        if self.lo is not None and (v <= self.lo if self.lo_open else v < self.lo):
+            return False
+        return not (self.hi is not None and (v >= self.hi if self.hi_open else v > self.hi))
+
+    def __str__(self) -> str:
+        if self.hi is None:
+            return f"{'>' if self.lo_open else '>='} {self.lo:g}"
+        if self.lo is None:
+            return f"{'<' if self.hi_open else '<='} {self.hi:g}"
+        return f"in {'(' if self.lo_open else '['}{self.lo:g}, {self.hi:g}{')' if self.hi_open else ']'}"
+
+
+@dataclasses.dataclass(frozen=True)
+class PathKey:
+    """Marks a str key as a file-system path: relative values resolve against the wxray home
+    (`wxray.io.home()`) when the config is loaded, so config.yaml and RESULT hold absolute paths.
+    `output` keys are checked for writability before any work starts; `keywords` are values that are
+    not paths (e.g. baseline=persistence)."""
+
+    output: bool = False
+    directory: bool = True
+    keywords: tuple[str, ...] = ()
+
+
+InPath = Annotated[str, PathKey()]
+OutDir = Annotated[str, PathKey(output=True)]
+
+
+PosInt = Annotated[int, Range(1)]
+NonNegInt = Annotated[int, Range(0)]
+Seed = Annotated[int, Range(0, 2**32 - 1)]
+PosFloat = Annotated[float, Range(0, lo_open=True)]
+NonNegFloat = Annotated[float, Range(0)]
+Fraction = Annotated[float, Range(0, 1)]  # [0, 1]
+Probability = Annotated[float, Range(0, 1, hi_open=True)]  # [0, 1): dropout rates
+AnyFloat = Annotated[float, Range()]  # explicitly unbounded (still finite)
+AnyInt = Annotated[int, Range()]
+
+
 def _type_name(tp: Any) -> str:
-    if get_origin(tp) is Literal:
+    origin = get_origin(tp)
+    if origin is Annotated:
+        return _type_name(get_args(tp)[0])
+    if origin is Literal:
         return "one of " + ", ".join(repr(a) for a in get_args(tp))
+    if origin in (typing.Union, types.UnionType):
+        arms = [a for a in get_args(tp) if a is not type(None)]
+        text = " or ".join(_type_name(a).removeprefix("one of ") for a in arms)
+        return text + (" or null" if len(arms) < len(get_args(tp)) else "")
+    if origin in (list, tuple):
+        args = [a for a in get_args(tp) if a is not Ellipsis]
+        return f"list of {_type_name(args[0])}" if args else "list"
+    if origin is dict:
+        kt, vt = get_args(tp) or (Any, Any)
+        return f"mapping {_type_name(kt)} -> {_type_name(vt)}"
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
 
@@ -51,6 +122,13 @@ def _wants_text(tp: Any) -> bool:
 def _coerce(value: Any, tp: Any, key: str) -> Any:
     """Return `value` converted to `tp`, or raise ConfigError naming `key`."""
     origin = get_origin(tp)
+    if origin is Annotated:
+        base, *extras = get_args(tp)
+        out = _coerce(value, base, key)
+        for rng in (e for e in extras if isinstance(e, Range)):
+            if isinstance(out, (int, float)) and not rng.contains(out):
+                raise ConfigError(f"config key '{key}' must be {rng}, got {out!r}")
+        return out
     if isinstance(value, RawOverride) and origin not in (typing.Union, types.UnionType):
         value = value.raw if _wants_text(tp) else value.parsed  # each Union arm decides for itself
     if origin in (typing.Union, types.UnionType):
@@ -98,13 +176,18 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         if isinstance(value, bool):
             return value
     elif tp is float:
+        number = None
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):  # YAML 1.1 reads "3e-4" (no dot) as a string
+            number = float(value)
+        elif isinstance(value, str):  # YAML 1.1 reads "3e-4" (no dot) as a string
             try:
-                return float(value)
+                number = float(value)
             except ValueError:
                 pass
+        if number is not None:
+            if not math.isfinite(number):
+                raise ConfigError(f"config key '{key}' expects a finite number, got {value!r}")
+            return number
     elif tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
@@ -121,7 +204,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
 
 
 def _build(cls: type[T], values: dict[str, Any], prefix: str = "") -> T:
-    hints = typing.get_type_hints(cls)
+    hints = typing.get_type_hints(cls, include_extras=True)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     kwargs = {}
     for k, v in values.items():
@@ -176,6 +259,32 @@ def from_dict(cls: type[T], values: dict[str, Any]) -> T:
     return cfg
 
 
+def path_keys(cfg: Any, prefix: str = "") -> list[tuple[Any, str, str, PathKey]]:
+    """(owner config, field name, dotted key, marker) of every PathKey field, nested sections included."""
+    hints = typing.get_type_hints(type(cfg), include_extras=True)
+    out = []
+    for f in dataclasses.fields(cfg):
+        v = getattr(cfg, f.name)
+        key = f"{prefix}{f.name}"
+        if dataclasses.is_dataclass(v):
+            out.extend(path_keys(v, key + "."))
+            continue
+        tp = hints[f.name]
+        if get_origin(tp) is Annotated:
+            out.extend((cfg, f.name, key, m) for m in get_args(tp)[1:] if isinstance(m, PathKey))
+    return out
+
+
+def resolve_paths(cfg: Any, resolve: typing.Callable[[str], Path]) -> None:
+    """Make every non-empty PathKey value absolute with `resolve` (URLs and keywords stay as they are)."""
+    for owner, name, _, marker in path_keys(cfg):
+        value = getattr(owner, name)
+        if value and "://" not in value and value not in marker.keywords and not any(c in value for c in "*?["):
+            setattr(owner, name, str(resolve(value)))
+        elif value and any(c in value for c in "*?[") and not Path(value).expanduser().is_absolute():
+            setattr(owner, name, str(resolve(".") / value))  # a glob: anchor it, keep the pattern
+
+
 def _validate(cfg: Any) -> None:
     for f in dataclasses.fields(cfg):
         v = getattr(cfg, f.name)
@@ -205,16 +314,39 @@ def parse_override(token: str) -> dict[str, Any]:
     return nested
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a key given twice in one mapping (YAML itself would keep the last)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                raise ConfigError(f"config file {self.name}: key '{key}' is given twice "
+                                  f"(lines {seen[key]} and {line})")
+            seen[key] = line
+        return super().construct_mapping(node, deep)
+
+
 def load_yaml(path: str | Path) -> dict[str, Any]:
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"config file {p} does not exist")
     try:
-        data = yaml.safe_load(p.read_text()) or {}
+        text = p.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"config file {p} cannot be read ({type(e).__name__})") from None
+    loader = _UniqueKeyLoader(text)
+    loader.name = str(p)
+    try:
+        data = loader.get_single_data() or {}
     except yaml.YAMLError as e:
         line = getattr(getattr(e, "problem_mark", None), "line", None)
         where = f" (line {line + 1})" if line is not None else ""
         raise ConfigError(f"config file {p} is not valid YAML{where}") from None
+    finally:
+        loader.dispose()
     if not isinstance(data, dict):
         raise ConfigError(f"config file {p} must hold a mapping of keys, got {type(data).__name__}")
     return data
@@ -248,3 +380,48 @@ def load_config(cls: type[T], argv: list[str] | None = None) -> T:
 
 def dump_yaml(cfg: Any) -> str:
     return yaml.safe_dump(to_dict(cfg), sort_keys=False)
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """{field: its trailing `# comment`} over `cls` and its dataclass bases (subclasses win)."""
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if not dataclasses.is_dataclass(klass) or klass is object:
+            continue
+        try:
+            source = inspect.getsource(klass)
+        except (OSError, TypeError):
+            continue
+        lines = source.splitlines()
+        for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+            if tok.type != tokenize.COMMENT:
+                continue
+            row = lines[tok.start[0] - 1]
+            m = re.match(r"\s+(\w+)\s*:", row)
+            if m and row.strip() and not row.strip().startswith("#"):
+                docs[m.group(1)] = tok.string.lstrip("#").strip()
+    return docs
+
+
+def describe(cls: type, prefix: str = "") -> list[str]:
+    """One line per key: `key (type, default value): doc`, nested sections flattened with dots."""
+    hints = typing.get_type_hints(cls, include_extras=True)
+    docs = field_docs(cls)
+    defaults = cls()
+    out = []
+    for f in dataclasses.fields(cls):
+        if not f.init:
+            continue
+        key = f"{prefix}{f.name}"
+        tp = hints[f.name]
+        if dataclasses.is_dataclass(tp):
+            out.extend(describe(tp, key + "."))
+            continue
+        rng = [e for e in get_args(tp)[1:] if isinstance(e, Range)] if get_origin(tp) is Annotated else []
+        kind = _type_name(tp) + (f" {rng[0]}" if rng and (rng[0].lo is not None or rng[0].hi is not None) else "")
+        default = to_dict(getattr(defaults, f.name)) if dataclasses.is_dataclass(getattr(defaults, f.name)) \
+            else getattr(defaults, f.name)
+        default = list(default) if isinstance(default, tuple) else default
+        doc = docs.get(f.name, "")
+        out.append(f"  {key} ({kind}, default {default!r})" + (f": {doc}" if doc else ""))
+    return out

@@ -1,4 +1,5 @@
-"""Atomic writes: outputs appear complete under their final name or not at all."""
+"""Where outputs go and how they are written: the wxray home, output-location checks, atomic writes
+(outputs appear complete under their final name or not at all)."""
 
 from __future__ import annotations
 
@@ -6,10 +7,73 @@ import contextlib
 import json
 import os
 import shutil
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from wxray.errors import ConfigError
+
+HOME_ENV = "WXRAY_HOME"
+# Set by Ray's job supervisor in every submitted driver; its working directory is then a temporary copy.
+SUBMISSION_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"
+
+
+def under_job_submission() -> bool:
+    return SUBMISSION_ENV in os.environ
+
+
+def home() -> Path:
+    """The root that relative paths (runs/, data/, the MLflow store) resolve against, absolute.
+
+    $WXRAY_HOME when set; else the working directory -- except under `ray job submit`, whose working
+    directory is a temporary copy that Ray deletes: there outputs go to ~/wxray rather than vanish.
+    """
+    env = os.environ.get(HOME_ENV, "")
+    if env:
+        return Path(env).expanduser().resolve()
+    if under_job_submission():
+        return (Path.home() / "wxray").resolve()
+    return Path.cwd().resolve()
+
+
+def resolve_path(path: str | os.PathLike) -> Path:
+    p = Path(path).expanduser()
+    return p if p.is_absolute() else home() / p
+
+
+def check_writable(path: str | os.PathLike, key: str, directory: bool = True) -> None:
+    """ConfigError naming `key` unless `path` can be created (or written, when it exists) by this user."""
+    p = Path(path)
+    if p.exists():
+        if directory and not p.is_dir():
+            raise ConfigError(f"config key '{key}': {p} exists and is not a directory")
+        if not (_can_create_in(p) if p.is_dir() else os.access(p, os.W_OK)):
+            raise ConfigError(f"config key '{key}': {p} is not writable")
+        return
+    parent = p.parent
+    while not parent.exists():
+        if parent.is_symlink():
+            raise ConfigError(f"config key '{key}': {parent} is a broken link")
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ConfigError(f"config key '{key}': cannot create {p}: {parent} is a file, not a directory")
+    if not _can_create_in(parent):
+        raise ConfigError(f"config key '{key}': cannot create {p}: {parent} is not writable")
+
+
+def _can_create_in(directory: Path) -> bool:
+    """Create and remove a probe file: os.access says yes to root even in an immutable folder."""
+    if not os.access(directory, os.W_OK | os.X_OK):
+        return False
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".wxray-probe-", dir=directory)
+    except OSError:
+        return False
+    os.close(fd)
+    os.unlink(probe)
+    return True
 
 
 def _remove(path: Path) -> None:

@@ -1,15 +1,28 @@
-"""Job plumbing shared by every `jobs/*.py`: config, run directory, MLflow, summary, RESULT line.
+"""Job plumbing shared by every job (`jobs/*.py`, the `wxray` command): config, run directory, MLflow,
+summary, RESULT line.
 
-A job is `main(cfg, ctx) -> dict` of key figures. `run_job` loads and validates the config before any
-work starts, creates `out_dir`, saves the resolved config, runs `main` inside an MLflow run, writes
-`summary.json` atomically and prints `RESULT {json}`. A `WxrayError` (bad input) becomes one line on
-stderr and exit status 2; the run directory is removed unless the job asked to keep it (checkpoints).
+A job is `main(cfg, ctx) -> dict` of key figures. `run_job`:
+
+1. answers `--help` (every key with its type, default and doc) and takes `--verbose` (Ray's own output);
+2. loads and validates the config, makes every path key absolute against the wxray home
+   (`wxray.io.home()`: $WXRAY_HOME, else the working directory) and checks that every output location
+   can be written -- all before any work starts;
+3. runs `main`. Nothing is written and no MLflow run exists until the job *starts*: when `main` calls
+   `ctx.start()` after checking its inputs, first touches `ctx.tracker`, or returns. Starting creates
+   the run directory, writes the resolved `config.yaml` and opens (or, for a re-run into the same
+   directory, continues) the MLflow run;
+4. writes `summary.json` atomically and prints `RESULT {json}` with absolute paths.
+
+Bad input (`WxrayError`) is one line on stderr and exit status 2, and leaves the file system as it was:
+a run directory this job created is removed, an existing one gets back exactly what it held, unless
+the job declared its partial outputs worth keeping (`ctx.keep_on_failure`, e.g. checkpoints).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 import shutil
 import sys
 from collections.abc import Callable
@@ -17,29 +30,110 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from wxray.config import dump_yaml, flatten, load_config, to_dict
+from wxray.config import OutDir, describe, dump_yaml, flatten, load_config, path_keys, resolve_paths, to_dict
 from wxray.errors import WxrayError
-from wxray.io import write_json, write_text
+from wxray.io import check_writable, home, resolve_path, under_job_submission, write_json, write_text
 from wxray.tracking import Tracker, TrackingConfig
 
 C = TypeVar("C", bound="JobConfig")
+VERBOSE_ENV = "WXRAY_VERBOSE"
 
 
 @dataclass
 class JobConfig:
     """The keys every job has; each job's config dataclass inherits them."""
 
-    out_dir: str = ""  # "" = runs/<job>/<UTC timestamp>
-    run_name: str = ""  # MLflow run name ("" = <job>-<out_dir name>)
+    out_dir: OutDir = ""  # run directory; "" = runs/<job>/<UTC timestamp> under the wxray home
+    run_name: str = ""  # MLflow run name; "" = <what the run is>-<out_dir name>
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
+    experiment = "wxray"  # the job's MLflow experiment when tracking.experiment is "" (class attribute)
 
-@dataclass
+    def run_label(self, job: str) -> str:
+        """The distinguishing start of the default MLflow run name (jobs override: model, keep ratio)."""
+        return job
+
+
+def verbose() -> bool:
+    return os.environ.get(VERBOSE_ENV, "") not in ("", "0")
+
+
+def say(line: str) -> None:
+    """A progress line for the user, on stdout, flushed (RESULT stays the last line)."""
+    print(f"wxray: {line}", flush=True)
+
+
 class JobContext:
-    job: str
-    out_dir: Path
-    tracker: Tracker
-    keep_on_failure: bool = False
+    """What `main` gets besides its config: the run directory and the MLflow tracker.
+
+    Touching either (`ctx.out_dir`, `ctx.tracker`) starts the job; peek at an existing run directory
+    before that through `cfg.out_dir`.
+    """
+
+    def __init__(self, job: str, cfg: JobConfig, out_dir: Path):
+        self.job, self.cfg, self._out_dir = job, cfg, out_dir
+        self.keep_on_failure = False  # set once partial outputs are worth keeping (checkpoints)
+        self._tracker: Tracker | None = None
+        self._created = False
+        self._before: set[str] | None = None  # names in an existing run directory when the job started
+        self._backups: dict[Path, bytes] = {}
+
+    @property
+    def started(self) -> bool:
+        return self._tracker is not None
+
+    @property
+    def out_dir(self) -> Path:
+        self.start()
+        return self._out_dir
+
+    @property
+    def tracker(self) -> Tracker:
+        self.start()
+        return self._tracker
+
+    def write_text(self, name: str, text: str) -> Path:
+        """Write a file of the run directory; its previous content comes back if the job fails."""
+        path = self._out_dir / name
+        if path.is_file() and path not in self._backups:
+            self._backups[path] = path.read_bytes()
+        return write_text(path, text)
+
+    def start(self) -> None:
+        """The inputs are checked: create the run directory, write config.yaml, open the MLflow run."""
+        if self._tracker is not None:
+            return
+        self._created = not self._out_dir.exists()
+        self._out_dir.mkdir(parents=True, exist_ok=True)
+        self._before = set() if self._created else {p.name for p in self._out_dir.iterdir()}
+        cfg = self.cfg
+        self.write_text("config.yaml", dump_yaml(cfg))
+        id_file = self._out_dir / ".mlflow_run_id"
+        previous = id_file.read_text().strip() if id_file.exists() else None  # a re-run continues its run
+        run_name = cfg.run_name or f"{cfg.run_label(self.job)}-{self._out_dir.name}"
+        tracking = cfg.tracking
+        if not tracking.experiment:
+            tracking = TrackingConfig(uri=tracking.uri, experiment=cfg.experiment, enabled=tracking.enabled)
+        self._tracker = Tracker(tracking, run_name=run_name, tags={"wxray.job": self.job}, run_id=previous)
+        if self._tracker.run_id:
+            self.write_text(".mlflow_run_id", self._tracker.run_id)
+        changed = self._tracker.log_params(flatten(to_dict(cfg)))
+        if changed:
+            say(f"continuing MLflow run {self._tracker.run_id} with changed keys: "
+                + ", ".join(f"{k}={v}" for k, v in sorted(changed.items())))
+
+    def rollback(self) -> None:
+        """Leave the run directory as it was before the job (unless `keep_on_failure`)."""
+        if self.keep_on_failure or self._before is None:
+            return
+        if self._created:
+            shutil.rmtree(self._out_dir, ignore_errors=True)
+            return
+        for p in self._out_dir.iterdir():
+            if p.name not in self._before:
+                shutil.rmtree(p, ignore_errors=True) if p.is_dir() and not p.is_symlink() else p.unlink()
+        for path, content in self._backups.items():
+            path.write_bytes(content)
 
 
 def default_out_dir(job: str) -> Path:
@@ -48,57 +142,76 @@ def default_out_dir(job: str) -> Path:
 
 
 def _fail(msg: str) -> int:
-    print(f"error: {msg}", file=sys.stderr)
+    print(f"error: {msg}", file=sys.stderr, flush=True)
     return 2
 
 
+def usage(job: str, cfg_cls: type, doc: str | None = None) -> str:
+    head = (doc or "").strip() or f"wxray job {job}"
+    return "\n".join([head, "", "Options: --config FILE (YAML), key=value overrides (applied in order), "
+                      "--verbose (Ray's own log output), --help.", "", "Keys:", *describe(cfg_cls)])
+
+
+def prepare(job: str, cfg_cls: type[C], argv: list[str]) -> C:
+    """Load, resolve and check a job config (everything that can fail before any work starts)."""
+    cfg = load_config(cfg_cls, argv)
+    resolve_paths(cfg, resolve_path)
+    if not cfg.out_dir:
+        cfg.out_dir = str(resolve_path(default_out_dir(job)))
+    for owner, name, key, marker in path_keys(cfg):
+        if marker.output and getattr(owner, name):
+            check_writable(getattr(owner, name), key, directory=marker.directory)
+    if cfg.tracking.enabled:
+        from wxray.tracking import resolve_uri
+
+        cfg.tracking.uri = resolve_uri(cfg.tracking.uri)
+        if cfg.tracking.uri.startswith("sqlite:///"):
+            check_writable(Path(cfg.tracking.uri[len("sqlite:///"):]).parent, "tracking.uri")
+    return cfg
+
+
 def run_job(job: str, cfg_cls: type[C], main: Callable[[C, JobContext], dict[str, Any]],
-            argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+            argv: list[str] | None = None, doc: str | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--help" in argv or "-h" in argv:
+        print(usage(job, cfg_cls, doc))
+        return 0
+    if "--verbose" in argv:
+        argv.remove("--verbose")
+        os.environ[VERBOSE_ENV] = "1"
     try:
-        cfg = load_config(cfg_cls, argv)
+        cfg = prepare(job, cfg_cls, argv)
     except WxrayError as e:
         return _fail(str(e))
+    if under_job_submission() and not os.environ.get("WXRAY_HOME"):
+        say(f"running under ray job submit without WXRAY_HOME: outputs go under {home()}")
 
-    out_dir = Path(cfg.out_dir or default_out_dir(job))
-    created = not out_dir.exists()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    write_text(out_dir / "config.yaml", dump_yaml(cfg))
-    run_name = cfg.run_name or f"{job}-{out_dir.name}"
-    tracker = None
-    ctx = None
+    ctx = JobContext(job, cfg, Path(cfg.out_dir))
     try:
-        # Re-running into the same out_dir (e.g. a resumed training run) continues its MLflow run.
-        id_file = out_dir / ".mlflow_run_id"
-        previous = id_file.read_text().strip() if id_file.exists() else None
-        tracker = Tracker(cfg.tracking, run_name=run_name, tags={"wxray.job": job}, run_id=previous)
-        if tracker.run_id:
-            write_text(id_file, tracker.run_id)
-        ctx = JobContext(job=job, out_dir=out_dir, tracker=tracker)
-        tracker.log_params(flatten(to_dict(cfg)))
         result = main(cfg, ctx)
-        result = {**result, "out_dir": str(out_dir)}
+        tracker = ctx.tracker  # a job that never logged starts here
+        result = {**result, "out_dir": str(ctx.out_dir)}
         if tracker.run_id:
             result.setdefault("mlflow_run_id", tracker.run_id)
-        write_json(out_dir / "summary.json", result)
-        tracker.log_artifact(out_dir / "summary.json")
-        tracker.log_artifact(out_dir / "config.yaml")
+            result.setdefault("mlflow_uri", tracker.uri)
+        write_json(ctx.out_dir / "summary.json", result)
+        tracker.log_artifact(ctx.out_dir / "summary.json")
+        tracker.log_artifact(ctx.out_dir / "config.yaml")
         tracker.end("FINISHED")
     except WxrayError as e:
-        if tracker is not None:
-            tracker.set_tags({"wxray.error": str(e)[:5000]})
-            tracker.end("FAILED")
-        if created and not (ctx and ctx.keep_on_failure):
-            shutil.rmtree(out_dir, ignore_errors=True)
+        if ctx.started:
+            ctx.tracker.set_tags({"wxray.error": str(e)[:5000]})
+            ctx.tracker.end("FAILED")
+        ctx.rollback()
         return _fail(str(e))
     except KeyboardInterrupt:
-        if tracker is not None:
-            tracker.end("KILLED")
+        if ctx.started:
+            ctx.tracker.end("KILLED")
         return _fail("interrupted")
     except BaseException:
         # A bug, not bad input: keep the traceback, but do not leave the MLflow run "RUNNING".
-        if tracker is not None:
-            tracker.end("FAILED")
+        if ctx.started:
+            ctx.tracker.end("FAILED")
         raise
     print("RESULT " + json.dumps(result, sort_keys=True, default=str), flush=True)
     return 0

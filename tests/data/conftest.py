@@ -2,25 +2,28 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
-from tests.data.data_helpers import JobRun, load_job
+from tests.data.data_helpers import JobRun
+from wxray.data import jobs
 from wxray.job import run_job
 
 
 @pytest.fixture(scope="session")
 def prepare_job():
-    return load_job("prepare_data")
+    return SimpleNamespace(PrepareDataConfig=jobs.PrepareDataConfig, main=jobs.prepare_data_main)
 
 
 @pytest.fixture(scope="session")
 def sample_job():
-    return load_job("make_sample_data")
+    return SimpleNamespace(SampleDataConfig=jobs.SampleDataConfig, main=jobs.make_sample_main)
 
 
 @pytest.fixture
 def run_prepare(prepare_job, capsys, tmp_path):
-    """Run jobs/prepare_data.py's main through run_job (tracking off, run dir in tmp_path)."""
+    """Run the prepare_data job through run_job (tracking off, run dir in tmp_path)."""
 
     def run(*argv: str) -> JobRun:
         capsys.readouterr()

@@ -124,3 +124,15 @@ def test_batched_stepper_matches_the_solver():
             scale = alone.abs().max()
             assert ((batch[k] - alone).abs().max() / scale).item() < 1e-12
             assert ((alone - states[k]).abs().max() / scale).item() > 1e-6  # it did integrate
+
+
+def test_store_opens_in_plain_xarray_without_warnings(tmp_path):
+    import warnings
+
+    path = tmp_path / "s.zarr"
+    sample.make_sample_store(path, grid=GRID, days=1, trajectories=1, spinup_days=1, progress=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # e.g. the RuntimeWarning about missing consolidated metadata
+        ds = xr.open_zarr(path)
+        clim = xr.open_zarr(path, group="stats/climatology")
+    assert set(ds.data_vars) == set(VARIABLES) and "geopotential" in clim

@@ -46,11 +46,13 @@ def test_train_job_runs_under_ray_job_submit(tmp_path):
             if probe.returncode == 0:
                 break
             time.sleep(1)
-        out = tmp_path / "run"
-        argv = [str(bin_dir / "ray"), "job", "submit", "--address", address, "--working-dir", str(ROOT), "--",
-                "python", "jobs/train_sparse.py", f"data.store={store}", "data.generate_sample=false",
+        home = tmp_path / "project"  # the user's folder: the README recipe passes it as WXRAY_HOME
+        runtime_env = json.dumps({"env_vars": {"WXRAY_HOME": str(home)}})
+        argv = [str(bin_dir / "ray"), "job", "submit", "--address", address, "--working-dir", str(ROOT),
+                "--runtime-env-json", runtime_env, "--",
+                "python", "jobs/train_sparse.py", f"data.store={store}",
                 "model.embed_dim=32", "model.depth=4", "model.split=[1,2,1]", "train.epochs=1",
-                "train.rollout_steps=1", f"out_dir={out}", f"tracking.uri=sqlite:///{tmp_path}/mlflow.db"]
+                "train.rollout_steps=1", "run_name=submitted"]
         for _ in range(30):  # the job server answers before its agent is ready to take a job
             job = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=420)
             if "No available agent" not in job.stdout + job.stderr:
@@ -59,9 +61,16 @@ def test_train_job_runs_under_ray_job_submit(tmp_path):
         assert job.returncode == 0, job.stdout[-2000:] + job.stderr[-2000:]
         results = [line[line.index("RESULT "):] for line in job.stdout.splitlines() if "RESULT {" in line]
         assert results, job.stdout[-2000:]
+        result = json.loads(results[-1][len("RESULT "):])
+        out = home / "runs" / "train_sparse" / "submitted"  # in the user's folder, not Ray's copy
+        assert result["out_dir"] == str(out) and Path(result["checkpoint"]).is_relative_to(out)
         summary = json.loads((out / "summary.json").read_text())
-        assert summary["epochs"] == 1 and summary["mlflow_run_id"]
-        assert json.loads(results[-1][len("RESULT "):])["mlflow_run_id"] == summary["mlflow_run_id"]
+        assert summary["epochs"] == 1 and summary["mlflow_run_id"] == result["mlflow_run_id"]
+        assert result["mlflow_uri"] == f"sqlite:///{home / 'runs' / 'mlflow.db'}"
+        import mlflow
+
+        run = mlflow.tracking.MlflowClient(result["mlflow_uri"]).get_run(result["mlflow_run_id"])
+        assert run.info.status == "FINISHED"  # visible to `make mlflow-ui` (WXRAY_HOME/runs/mlflow.db)
     finally:
         head.terminate()
         try:

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import mlflow
 import pytest
@@ -14,6 +17,7 @@ from wxray.job import run_job
 from wxray.platform.train_config import TrainSparseConfig
 from wxray.platform.trainer import train_sparse
 
+ROOT = Path(__file__).resolve().parents[2]
 SMALL = ["data.generate_sample=false", "model.embed_dim=32", "model.depth=4", "model.split=[1,2,1]",
          "model.num_heads=4", "data.batch_size=4", "optim.lr=3e-3", "optim.warmup_steps=3",
          "train.rollout_steps=2"]
@@ -48,11 +52,11 @@ def test_fsdp2_two_workers_survive_a_killed_worker_and_learn(ray_session, wave_s
     assert rc == 0, err
     assert (out / ".fault_drill_done").exists(), "the drill did not kill a worker"
     assert res["epochs"] == 4
-    # Resumed from a checkpoint, not from scratch: epoch 0 reported once, then every epoch up to the last.
+    # Resumed from a checkpoint, not from scratch: epoch 1 reported once, then every epoch up to the last.
     # (Ray may restart from the checkpoint before the newest if the worker dies while that report is in flight.)
-    epochs = _history(tmp_path, res["mlflow_run_id"], "epoch")
-    assert epochs.count(0) == 1 and sorted(set(epochs)) == [0, 1, 2, 3] and epochs[-1] == 3, epochs
-    assert epochs.count(2) == 1, epochs  # the epoch killed mid-way reported only after the restart
+    epochs = _history(tmp_path, res["mlflow_run_id"], "epoch")  # epochs completed, as the console counts
+    assert epochs.count(1) == 1 and sorted(set(epochs)) == [1, 2, 3, 4] and epochs[-1] == 4, epochs
+    assert epochs.count(3) == 1, epochs  # the epoch killed mid-way reported only after the restart
     sharded = _history(tmp_path, res["mlflow_run_id"], "train/fsdp_sharded")
     assert len(sharded) == len(epochs) and set(sharded) == {1.0}  # every epoch ran with FSDP2 DTensors
     losses = _history(tmp_path, res["mlflow_run_id"], "train/epoch_loss")
@@ -72,7 +76,16 @@ def test_same_run_name_resumes_from_last_checkpoint(ray_session, wave_store, tmp
     assert rc == 0, err
     assert second["mlflow_run_id"] == first["mlflow_run_id"]  # one MLflow run for the whole training
     assert second["epochs"] == 2
-    assert _history(tmp_path, second["mlflow_run_id"], "epoch") == [0, 1]
+    assert _history(tmp_path, second["mlflow_run_id"], "epoch") == [1, 2]
+    # Provenance: config.yaml, checkpoint meta and MLflow agree on what the run is now.
+    out = Path(second["out_dir"])
+    assert out.is_absolute() and out == tmp_path / "runs" / "train_sparse" / "resumable"
+    assert "epochs: 2" in (out / "config.yaml").read_text()
+    assert f"out_dir: {out}" in (out / "config.yaml").read_text()
+    assert json.loads((Path(second["checkpoint"]) / "meta.json").read_text())["epoch"] == 2
+    run = mlflow.tracking.MlflowClient(f"sqlite:///{tmp_path}/mlflow.db").get_run(second["mlflow_run_id"])
+    assert run.data.params["train.epochs"] == "1" and run.data.tags["resumed_with.train.epochs"] == "2"
+    assert run.data.tags["mlflow.runName"] == "resumable"
 
 
 def _checkpoint_dir(tmp_path, meta: dict | None, state) -> str:
@@ -89,15 +102,17 @@ def _checkpoint_dir(tmp_path, meta: dict | None, state) -> str:
 
 
 @pytest.mark.parametrize("extra, needle", [
-    (["model.keep_ratio=0"], "model.keep_ratio must be in (0, 1]"),
-    (["model.keep_ratio=1.5"], "model.keep_ratio must be in (0, 1]"),
-    (["model.split=[1,1,1]"], "must be >= 0 and sum to model.depth=4"),
+    (["model.keep_ratio=0"], "config key 'model.keep_ratio' must be in (0, 1], got 0"),
+    (["model.keep_ratio=1.5"], "config key 'model.keep_ratio' must be in (0, 1], got 1.5"),
+    (["model.split=[1,1,1]"], "model.split [1, 1, 1] must sum to model.depth=4"),
     (["model.patch_size=3", "data.grid_fit=error"], "model.patch_size=3 does not divide the grid 8x16"),
     (["scaling.num_workers=8"], "needs 8.25 CPUs; the Ray cluster has 2"),
     (["data.input_variables=[2m_temperature]"], "variable '2m_temperature' not found"),
     (["model.selection=best"], "'model.selection' expects one of"),
-    (["train.log_every=0"], "train.log_every must be >= 1"),
-    (["optim.lr=nan"], "optim.lr must be a finite number > 0"),
+    (["train.log_every=0"], "config key 'train.log_every' must be >= 1, got 0"),
+    (["optim.lr=nan"], "config key 'optim.lr' expects a finite number, got 'nan'"),
+    (["model.num_heads=0"], "config key 'model.num_heads' must be >= 1, got 0"),
+    (["model.embed_dim=-4"], "config key 'model.embed_dim' must be >= 1, got -4"),
     (["data.train_range=/2000-01-03"], "data.train_range must be 'start/end' dates"),
     (["data.train_range=2000-01-01/2000-01-03", "data.val_range=2000-01-03/2000-01-04"],
      "data.train_range and data.val_range overlap"),
@@ -153,24 +168,6 @@ def test_worker_side_errors_reach_the_user_as_one_line():
     assert str(plain) == "training failed: boom"
 
 
-@pytest.mark.slow
-def test_nan_in_training_data_stops_the_run_with_one_line(ray_session, tmp_path, capsys):
-    import xarray as xr
-
-    store = tmp_path / "nan.zarr"
-    write_tiny_store(store, n_traj=2, steps=10, grid=(8, 16), levels=(500,))
-    ds = xr.open_zarr(store, consolidated=False)
-    z = ds.geopotential.load()
-    z[3, 0, 2, 2] = float("nan")  # inside the first trajectory: a training window
-    region = {"time": slice(0, 20), "level": slice(0, 1), "latitude": slice(0, 8), "longitude": slice(0, 16)}
-    z.to_dataset().to_zarr(store, mode="r+", consolidated=False, region=region)
-    rc, res, err = _run(capsys, store, tmp_path, f"out_dir={tmp_path / 'run'}", "train.max_failures=0",
-                        "train.epochs=1", "data.split_fractions=[1.0,0.0,0.0]")
-    assert rc == 2 and res is None
-    last = err.strip().splitlines()[-1]
-    assert last.startswith("error: store ") and "NaN/inf in windows with anchors" in last, last
-
-
 def test_resume_with_a_different_model_is_refused_before_training(ray_session, wave_store, tmp_path, capsys):
     out = tmp_path / "run"
     ckpt = out / "ray" / "train" / "checkpoint_2026-01-01_00-00-00.000000"
@@ -178,6 +175,66 @@ def test_resume_with_a_different_model_is_refused_before_training(ray_session, w
     torch.save({"model": {}}, ckpt / "state.pt")
     (ckpt / "meta.json").write_text(json.dumps({"format": "wxray-train-checkpoint-v1",
                                                 "model": {"embed_dim": 64, "depth": 4}}))
+    (out / "config.yaml").write_text("model:\n  embed_dim: 64\n")
+    (out / ".mlflow_run_id").write_text("abc\n")
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
     rc, _, err = _run(capsys, wave_store, tmp_path, f"out_dir={out}")
     assert rc == 2
     assert "model.embed_dim=64 does not match this run's 32" in err.strip().splitlines()[-1]
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before  # the run dir is untouched
+
+
+def test_missing_store_is_an_error_and_creates_nothing(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    rc, _, err = _run(capsys, tmp_path / "data" / "era5.zarr", tmp_path, f"out_dir={tmp_path / 'run'}")
+    assert rc == 2
+    assert f"data.store {tmp_path / 'data' / 'era5.zarr'} does not exist" in err.strip().splitlines()[-1]
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # no store, no run directory, no MLflow db
+
+
+def test_nan_store_fails_before_ray_starts(tmp_path, capsys, monkeypatch):
+    import xarray as xr
+
+    from wxray.platform import accelerators
+
+    def no_ray(*a, **k):
+        raise AssertionError("Ray was started before the data were checked")
+
+    monkeypatch.setattr(accelerators, "ensure_ray", no_ray)
+    store = tmp_path / "nan.zarr"
+    write_tiny_store(store, n_traj=2, steps=10, grid=(8, 16), levels=(500,))
+    ds = xr.open_zarr(store, consolidated=False)
+    z = ds.geopotential.load()
+    z[3, 0, 2, 2] = float("nan")
+    z.to_dataset().to_zarr(store, mode="r+", consolidated=False,
+                           region={"time": slice(0, 20), "level": slice(0, 1), "latitude": slice(0, 8),
+                                   "longitude": slice(0, 16)})
+    rc, _, err = _run(capsys, store, tmp_path, f"out_dir={tmp_path / 'run'}", "data.split_fractions=[1.0,0.0,0.0]")
+    assert rc == 2
+    last = err.strip().splitlines()[-1]
+    assert "variable 'geopotential' has NaN/inf at 2000-01-01T18:00:00, in 3 train window(s)" in last, last
+    assert not (tmp_path / "run").exists()
+
+
+def test_unknown_channel_in_var_weights_is_an_error(tmp_path, wave_store, capsys, monkeypatch):
+    from wxray.platform import accelerators
+
+    monkeypatch.setattr(accelerators, "ensure_ray", lambda *a, **k: None)
+    rc, _, err = _run(capsys, wave_store, tmp_path, f"out_dir={tmp_path / 'run'}",
+                      "train.var_weights={temperature_850: 2.0}")
+    assert rc == 2
+    assert ("train.var_weights names 'temperature_850', not a target channel (channels: geopotential_500, "
+            "temperature_500)") in err.strip().splitlines()[-1]
+
+
+def test_unreachable_cluster_is_an_error_after_the_timeout(tmp_path, wave_store):
+    # A fresh process: this test session's own cluster would otherwise be reused.
+    p = subprocess.run([sys.executable, str(ROOT / "jobs" / "train_sparse.py"), f"data.store={wave_store}",
+                        *SMALL, "ray_address=127.0.0.1:1", "ray_timeout_s=2", f"out_dir={tmp_path / 'run'}",
+                        f"tracking.uri=sqlite:///{tmp_path}/mlflow.db"],
+                       capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert p.returncode == 2
+    assert p.stderr.strip().splitlines() == [  # the one line, nothing of Ray's before it
+        "error: ray_address=127.0.0.1:1: no Ray cluster answers there after 2 s (Connection refused); "
+        "start one with `ray start --head` or leave ray_address empty for a local cluster"]
+    assert not (tmp_path / "run").exists()

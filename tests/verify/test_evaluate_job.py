@@ -174,7 +174,7 @@ BAD_FORECASTS = [
     (_with_nan, [], "'2m_temperature' lead 24 h: 1 NaN values in forecast or truth (set skipna=true"),
     (lambda ds: ds.isel(init_time=slice(0, 3)), [], "3 initialisations are too few for the block bootstrap"),
     (lambda ds: ds, ["variables=[vorticity]"], "variable 'vorticity' not found"),
-    (lambda ds: ds, ["n_bootstrap=10"], "config key 'n_bootstrap' must be at least 100"),
+    (lambda ds: ds, ["n_bootstrap=10"], "config key 'n_bootstrap' must be >= 100, got 10"),
     (lambda ds: ds, ["truth_member=first"], "config key 'truth_member'"),
 ]
 

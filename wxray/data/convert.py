@@ -162,7 +162,7 @@ def convert_source(source: str, out: str | Path, variables: list[str] | tuple[st
                  "clim_window_days": clim_window_days, **grid_attrs(ref[LON].values)}
         if "wxray_time_note" in ref.attrs:
             attrs["time_note"] = ref.attrs["wxray_time_note"]
-        writer.set_attrs(attrs)
+        writer.finish(attrs)
     names = [str(v) for v in ref.data_vars] + ([str(v) for v in const.data_vars] if const is not None else [])
     lev = [int(x) for x in ref[LEVEL].values] if LEVEL in ref.coords else []
     return ConvertResult(store=out, variables=names, levels=lev, n_times=n_times, grid=grid,

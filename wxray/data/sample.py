@@ -225,7 +225,7 @@ def make_sample_store(path: str | Path, grid: tuple[int, int] = DEFAULT_GRID, da
         writer = StoreWriter(tmp)
         writer.write(ds)
         add_stats(tmp, clim_window_days=clim_window_days, progress=progress)
-        writer.set_attrs({**ds.attrs, "generate_seconds": round(seconds, 2)})
+        writer.finish({**ds.attrs, "generate_seconds": round(seconds, 2)})
     return SampleResult(path, ds.sizes[TIME], grid, trajectories, seconds)
 
 

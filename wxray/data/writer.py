@@ -1,4 +1,4 @@
-"""Write a store block by block: zarr v3, float32, one time step per chunk, unconsolidated.
+"""Write a store block by block: zarr v3, float32, one time step per chunk; consolidated at the end.
 
 The first block creates the store (with the time-constant fields), later blocks are appended along
 `time`, so memory stays bounded by one block whatever the source size. Callers write into the
@@ -8,6 +8,7 @@ temporary path yielded by `wxray.io.atomic_path`, so a failure leaves nothing ha
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -77,9 +78,14 @@ class StoreWriter:
             block.to_zarr(self.path, append_dim=TIME, zarr_format=3, consolidated=False)
         self.n_times += int(block.sizes.get(TIME, 0))
 
-    def set_attrs(self, attrs: dict[str, Any]) -> None:
+    def finish(self, attrs: dict[str, Any]) -> None:
+        """The last write: the store's attrs, then consolidated metadata of the whole hierarchy (stats groups
+        included), as WeatherBench 2 / ARCO-ERA5 stores have, so plain `xr.open_zarr(path)` opens it quietly."""
         group = zarr.open_group(str(self.path), mode="r+", zarr_format=3)
         group.attrs.update(clean_attrs(attrs))
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Consolidated metadata is currently not part")
+            zarr.consolidate_metadata(str(self.path))
 
 
 def write_dataset(ds: xr.Dataset, path: str | Path) -> None:

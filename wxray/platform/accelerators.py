@@ -16,38 +16,75 @@ from typing import Literal
 
 import torch
 
+from wxray.config import PosFloat, PosInt
 from wxray.errors import ConfigError
 
 
 @dataclass
 class ScalingCfg:
-    num_workers: int = 1
-    use_gpu: bool = False
-    cpus_per_worker: float = 1.0
+    num_workers: PosInt = 1  # Ray Train workers (one process group; FSDP2 shards across them)
+    use_gpu: bool = False  # one GPU per worker (NVIDIA or AMD ROCm)
+    cpus_per_worker: PosFloat = 1.0  # CPUs reserved per worker (also its torch threads on CPU)
     accelerator_type: str = ""  # e.g. "H100", "A100", "AMD-Instinct-MI250X"; "" = any
 
     def validate(self) -> None:
-        if self.num_workers < 1:
-            raise ConfigError(f"scaling.num_workers must be >= 1, got {self.num_workers}")
-        if self.cpus_per_worker <= 0:
-            raise ConfigError(f"scaling.cpus_per_worker must be > 0, got {self.cpus_per_worker}")
         if self.accelerator_type and not self.use_gpu:
             raise ConfigError("scaling.accelerator_type is set but scaling.use_gpu=false")
 
 
-def ensure_ray(address: str = "", num_cpus: int | None = None) -> None:
+def _quiet_ray() -> None:
+    """Keep Ray's own chatter off the console (the job prints its progress itself); --verbose restores it."""
+    import logging
+
+    for name in ("ray._private.authentication.authentication_token_setup", "ray.data", "ray.train",
+                 "ray.tune"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
+def _reachable(address: str, timeout_s: float) -> None:
+    """ConfigError unless something listens at host:port within `timeout_s` (Ray itself retries forever)."""
+    import socket
+    import time
+
+    target = address.split("://", 1)[-1]
+    host, sep, port = target.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ConfigError(f"ray_address={address!r}: expected host:port (e.g. 10.0.0.1:6379) or ray://host:port")
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with socket.create_connection((host or "127.0.0.1", int(port)), timeout=min(5.0, timeout_s)):
+                return
+        except OSError as e:
+            if time.monotonic() >= deadline:
+                raise ConfigError(f"ray_address={address}: no Ray cluster answers there after {timeout_s:g} s "
+                                  f"({e.strerror or type(e).__name__}); start one with `ray start --head` "
+                                  f"or leave ray_address empty for a local cluster") from None
+            time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+
+
+def ensure_ray(address: str = "", num_cpus: int | None = None, timeout_s: float = 60.0) -> None:
     """Connect to a running cluster (address, or RAY_ADDRESS under `ray job submit`) or start a local one.
 
-    Jobs never assume they started Ray: inside `ray job submit` the driver joins the job's cluster.
+    Jobs never assume they started Ray: inside `ray job submit` the driver joins the job's cluster. An
+    explicit address is probed first, so an unreachable cluster is an error after `timeout_s`, not a hang.
+    Worker logs reach the console only with --verbose ($WXRAY_VERBOSE): the job's progress lines travel
+    through `reporting.ProgressPrinter` instead.
     """
     import ray
 
     if ray.is_initialized():
         return
-    kwargs: dict = {"log_to_driver": True, "configure_logging": False}
+    loud = os.environ.get("WXRAY_VERBOSE", "") not in ("", "0")
+    if not loud:
+        _quiet_ray()
+    kwargs: dict = {"log_to_driver": loud, "configure_logging": loud}
+    env_address = os.environ.get("RAY_ADDRESS", "")
+    if address or env_address not in ("", "auto", "local"):
+        _reachable(address or env_address, timeout_s)
     if address:
         ray.init(address=address, **kwargs)
-    elif os.environ.get("RAY_ADDRESS"):
+    elif env_address:
         ray.init(**kwargs)
     else:
         # "local": a fresh cluster, never a stale or unrelated one found through /tmp/ray/ray_current_cluster.

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from wxray.config import from_dict, load_yaml
+from wxray.config import InPath, PosInt, Seed, from_dict, load_yaml
 from wxray.data.schema import TIME, open_stats, open_store
 from wxray.errors import CheckpointError, ConfigError, DataError
 from wxray.job import JobConfig, JobContext
@@ -48,13 +48,13 @@ from wxray.platform.windows import WindowSpec, fit_spec, make_spec, parse_range,
 
 @dataclass
 class ForecastConfig(JobConfig):
-    checkpoint: str = ""  # a training run directory (its newest checkpoint) or a checkpoint directory
-    store: str = ""  # "" = the store the checkpoint was trained on
+    checkpoint: InPath = ""  # a training run directory (its newest checkpoint) or a checkpoint directory
+    store: InPath = ""  # "" = the store the checkpoint was trained on
     inits: str = ""  # "start/end" init times, inclusive; "" = the training run's test split
-    steps: int = 4  # autoregressive steps, each the checkpoint's lead (data.lead_steps native steps)
-    routing_members: int = 1  # routing draws per init; > 1 writes a `member` dim (an implicit ensemble)
-    seed: int = 0  # member m of init t draws from SeedSequence([seed, t in seconds, m]) (rollout.py)
-    batch_size: int = 1  # (init, member) samples per forward; 1 = any member recomputes alone bit for bit
+    steps: PosInt = 4  # autoregressive steps, each the checkpoint's lead (data.lead_steps native steps)
+    routing_members: PosInt = 1  # routing draws per init; > 1 writes a `member` dim (an implicit ensemble)
+    seed: Seed = 0  # member m of init t draws from SeedSequence([seed, t in seconds, m]) (rollout.py)
+    batch_size: PosInt = 1  # (init, member) samples per forward; 1 = any member recomputes alone bit for bit
     device: str = "auto"  # auto (a GPU when there is one), cpu, cuda, cuda:1, ...
 
     experiment = "wxray-forecast"
@@ -63,11 +63,6 @@ class ForecastConfig(JobConfig):
         if not self.checkpoint:
             raise ConfigError("config key 'checkpoint' is required (a training run directory or a checkpoint "
                               "directory)")
-        for key in ("steps", "routing_members", "batch_size"):
-            if getattr(self, key) < 1:
-                raise ConfigError(f"config key '{key}' must be >= 1, got {getattr(self, key)}")
-        if self.seed < 0:
-            raise ConfigError(f"config key 'seed' must be >= 0, got {self.seed}")
         if self.inits:
             parse_range(self.inits, "inits")
 

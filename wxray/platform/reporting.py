@@ -2,21 +2,27 @@
 
 `Reporter.log` is cheap per-step logging (MLflow only). `Reporter.report` is the per-epoch report: it
 is a barrier across workers (`ray.train.report`), carries the checkpoint, and is what a Ray Tune driver
-sees; the same metrics go to MLflow so sweeps and single runs read alike.
+sees; the same metrics go to MLflow so sweeps and single runs read alike. `Reporter.say` sends a progress
+line to the driver's console through a `ray.util.queue.Queue` (`ProgressPrinter` prints it there), so
+the console shows the job's own lines while Ray's worker logs stay out of it (unless --verbose).
 """
 
 from __future__ import annotations
 
 import math
+import sys
+import threading
 import time
 import warnings
 from typing import Any
 
 
 class Reporter:
-    def __init__(self, rank: int, tracking_uri: str = "", run_id: str = "", use_ray: bool = True):
+    def __init__(self, rank: int, tracking_uri: str = "", run_id: str = "", use_ray: bool = True,
+                 progress=None):
         self.rank = rank
         self.use_ray = use_ray
+        self.progress = progress
         self._client = None
         self._run_id = run_id
         if rank == 0 and tracking_uri and run_id:
@@ -48,3 +54,59 @@ class Reporter:
             import ray.train
 
             ray.train.report(metrics, checkpoint=checkpoint)
+
+    def say(self, line: str) -> None:
+        if self.progress is not None:
+            try:
+                self.progress.put(line, timeout=10)
+                return
+            except Exception:  # the driver went away; the line still lands in the worker's log
+                pass
+        sys.__stdout__.write(line + "\n")  # not print(): Ray Train V2 tees print() into its logger
+        sys.__stdout__.flush()
+
+
+class ProgressPrinter:
+    """Driver side of `Reporter.say`: a queue actor (no CPU) and a thread printing what arrives."""
+
+    def __init__(self, prefix: str = "wxray: "):
+        from ray.util.queue import Queue
+
+        self.queue = Queue(actor_options={"num_cpus": 0})
+        self.prefix = prefix
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _drain(self, timeout: float) -> bool:
+        from ray.util.queue import Empty
+
+        try:
+            line = self.queue.get(timeout=timeout)
+        except Empty:
+            return False
+        except Exception:  # the queue actor died with the cluster
+            self._stop.set()
+            return False
+        print(self.prefix + line, flush=True)
+        return True
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._drain(0.5)
+
+    def __enter__(self) -> ProgressPrinter:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        while self._drain(0.1):  # lines still in flight when training ended
+            pass
+        import ray
+
+        try:
+            ray.kill(self.queue.actor)
+        except Exception:
+            pass
+

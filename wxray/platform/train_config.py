@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Annotated, Literal
 
+from wxray.config import Fraction, InPath, NonNegFloat, NonNegInt, PosFloat, PosInt, Probability, Range, Seed
 from wxray.errors import ConfigError
 from wxray.job import JobConfig
 from wxray.platform.accelerators import Precision, ScalingCfg
@@ -16,96 +16,69 @@ Selection = Literal["random", "topk_attention", "learned", "learned_st", "laplac
 
 @dataclass
 class ModelConfig:
-    name: Literal["reslim", "droppath", "sprint", "climax"] = "reslim"
-    patch_size: int = 2
-    embed_dim: int = 128
-    depth: int = 8
-    num_heads: int = 4
-    mlp_ratio: float = 4.0
-    split: tuple[int, int, int] = (2, 4, 2)
-    keep_ratio: float = 0.25
-    selection: Selection = "random"
-    deterministic_eval: bool = False
-    drop_path: float = 0.0  # stochastic depth; name=droppath needs > 0 (0.1 is the baseline's usual value)
-    dropout: float = 0.0
-    skip_channels: int = 64
+    name: Literal["reslim", "droppath", "sprint", "climax"] = "reslim"  # droppath/sprint/climax: baselines
+    patch_size: PosInt = 2  # pixels per token side (must divide the fitted grid, see data.grid_fit)
+    embed_dim: PosInt = 128  # token width D
+    depth: PosInt = 8  # transformer blocks in all
+    num_heads: PosInt = 4  # attention heads (must divide embed_dim)
+    mlp_ratio: PosFloat = 4.0  # MLP hidden width / embed_dim
+    split: tuple[NonNegInt, NonNegInt, NonNegInt] = (2, 4, 2)  # dense-early, sparse-middle, dense-late blocks
+    keep_ratio: Annotated[float, Range(0, 1, lo_open=True)] = 0.25  # fraction r of tokens the middle blocks see
+    selection: Selection = "random"  # which tokens: random (the paper's) or a scored ablation
+    deterministic_eval: bool = False  # eval: one fixed random selection instead of a fresh draw
+    drop_path: Probability = 0.0  # stochastic depth; name=droppath needs > 0 (0.1 is the baseline's usual value)
+    dropout: Probability = 0.0  # dropout rate in attention/MLP outputs
+    skip_channels: PosInt = 64  # hidden channels of the CNN skip path
     pos_embed: Literal["learned", "fixed"] = "learned"  # learned: L x D table initialised to sin-cos
     # BCE weight of selection=learned's difficulty head. Its gradient reaches the head alone, so under AdamW
     # the weight hardly changes the head's steps; kept small so it takes little of the grad-clip norm.
-    selector_loss_weight: float = 0.01
+    selector_loss_weight: NonNegFloat = 0.01
 
     def validate(self) -> None:
-        if not 0.0 < self.keep_ratio <= 1.0:
-            raise ConfigError(f"model.keep_ratio must be in (0, 1], got {self.keep_ratio}")
-        if sum(self.split) != self.depth or min(self.split) < 0:
-            raise ConfigError(f"model.split {list(self.split)} must be >= 0 and sum to model.depth={self.depth}")
+        if sum(self.split) != self.depth:
+            raise ConfigError(f"model.split {list(self.split)} must sum to model.depth={self.depth}")
         if self.embed_dim % self.num_heads:
             raise ConfigError(f"model.embed_dim={self.embed_dim} is not divisible by model.num_heads={self.num_heads}")
-        if self.patch_size < 1:
-            raise ConfigError(f"model.patch_size must be >= 1, got {self.patch_size}")
         if self.name == "droppath" and self.keep_ratio != 1.0:
             raise ConfigError("model.name=droppath is the dense stochastic-depth baseline: set model.keep_ratio=1")
-        if not 0.0 <= self.drop_path < 1.0 or not 0.0 <= self.dropout < 1.0:
-            raise ConfigError("model.drop_path and model.dropout must be in [0, 1)")
         if self.name == "droppath" and self.drop_path == 0.0:
             raise ConfigError("model.name=droppath needs model.drop_path > 0 (e.g. 0.1)")
-        if not math.isfinite(self.selector_loss_weight) or self.selector_loss_weight < 0:
-            raise ConfigError(f"model.selector_loss_weight must be finite and >= 0, got {self.selector_loss_weight}")
         if self.selection in ("topk_attention", "activation_norm") and self.split[0] == 0 and self.keep_ratio < 1:
             raise ConfigError(f"model.selection={self.selection} scores a dense-early block: needs model.split[0] >= 1")
 
 
 @dataclass
 class OptimConfig:
-    lr: float = 1e-3
-    weight_decay: float = 0.05
-    betas: tuple[float, float] = (0.9, 0.95)
-    warmup_steps: int = 20
-    min_lr_ratio: float = 0.05
-    grad_clip: float = 1.0  # 0 disables clipping
-
-    def validate(self) -> None:
-        if not math.isfinite(self.lr) or self.lr <= 0:
-            raise ConfigError(f"optim.lr must be a finite number > 0, got {self.lr}")
-        if self.warmup_steps < 0 or self.grad_clip < 0 or not 0 <= self.min_lr_ratio <= 1:
-            raise ConfigError("optim.warmup_steps and optim.grad_clip must be >= 0, optim.min_lr_ratio in [0, 1]")
+    lr: PosFloat = 1e-3  # AdamW peak learning rate (for one worker, see lr_scaling)
+    lr_scaling: NonNegFloat = 0.0  # peak LR = lr x workers^lr_scaling (the paper: 0.8); 0 = no scaling
+    weight_decay: NonNegFloat = 0.05  # AdamW decoupled weight decay
+    betas: tuple[Fraction, Fraction] = (0.9, 0.95)  # AdamW moment decay rates
+    warmup_steps: NonNegInt = 20  # linear warmup, in steps of one worker's batch (see warmup_epochs)
+    warmup_epochs: NonNegFloat = 0.0  # linear warmup in epochs; > 0 replaces warmup_steps (the paper's recipe)
+    min_lr_ratio: Fraction = 0.05  # cosine floor as a fraction of the peak LR
+    grad_clip: NonNegFloat = 1.0  # global gradient-norm clip; 0 disables clipping
 
 
 @dataclass
 class LoopConfig:
-    epochs: int = 6
-    max_steps_per_epoch: int = 0  # 0 = the whole shard
-    checkpoint_every: int = 1  # epochs
-    keep_checkpoints: int = 2
-    precision: Precision = "auto"
-    activation_checkpointing: bool = False
-    compile: bool = False
-    fsdp: bool = True  # FSDP2 fully_shard per block when num_workers > 1
-    seed: int = 0
-    max_failures: int = 1
-    log_every: int = 10  # steps
-    rollout_steps: int = 4
-    routing_members: int = 1  # post-training rollout: routing draws per init; > 1 writes a `member` dim
-    var_weights: dict[str, float] = field(default_factory=dict)  # channel name -> loss weight
-    init_from: str = ""  # checkpoint dir/file to initialise weights from (fine-tuning)
+    epochs: PosInt = 6  # passes over the training windows
+    max_steps_per_epoch: NonNegInt = 0  # 0 = the whole shard
+    checkpoint_every: PosInt = 1  # epochs between checkpoints (the last epoch always writes one)
+    keep_checkpoints: PosInt = 2  # newest checkpoints kept
+    precision: Precision = "auto"  # auto: bf16 on GPUs that have it, fp32 on CPU
+    activation_checkpointing: bool = False  # recompute each block in backward (less memory, more time)
+    compile: bool = False  # torch.compile the model
+    fsdp: bool = True  # FSDP2 fully_shard per block when num_workers > 1 (else DDP)
+    seed: Seed = 0  # initial weights, token selections and dropout masks
+    max_failures: NonNegInt = 1  # worker failures Ray Train recovers from (restarting from the checkpoint)
+    log_every: PosInt = 10  # steps between per-step MLflow metrics
+    rollout_steps: NonNegInt = 4  # autoregressive steps of the rollout on the test split after training
+    routing_members: PosInt = 1  # post-training rollout: routing draws per init; > 1 writes a `member` dim
+    var_weights: dict[str, NonNegFloat] = field(default_factory=dict)  # channel name -> loss weight
+    init_from: InPath = ""  # checkpoint dir/file to initialise weights from (fine-tuning)
     # Fault drill: worker rank 1 (or 0 with one worker) kills its own process once, after the first step
     # of this epoch, to exercise FailureConfig + resume. -1 = off.
-    fault_drill_epoch: int = -1
-
-    def validate(self) -> None:
-        if self.epochs < 1:
-            raise ConfigError(f"train.epochs must be >= 1, got {self.epochs}")
-        if self.checkpoint_every < 1:
-            raise ConfigError(f"train.checkpoint_every must be >= 1, got {self.checkpoint_every}")
-        if self.rollout_steps < 0:
-            raise ConfigError(f"train.rollout_steps must be >= 0, got {self.rollout_steps}")
-        if self.routing_members < 1:
-            raise ConfigError(f"train.routing_members must be >= 1, got {self.routing_members}")
-        for key in ("log_every", "keep_checkpoints"):
-            if getattr(self, key) < 1:
-                raise ConfigError(f"train.{key} must be >= 1, got {getattr(self, key)}")
-        if self.max_steps_per_epoch < 0 or self.max_failures < 0:
-            raise ConfigError("train.max_steps_per_epoch and train.max_failures must be >= 0")
+    fault_drill_epoch: Annotated[int, Range(-1)] = -1
 
 
 @dataclass
@@ -115,9 +88,19 @@ class TrainSparseConfig(JobConfig):
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: LoopConfig = field(default_factory=LoopConfig)
     scaling: ScalingCfg = field(default_factory=ScalingCfg)
-    ray_address: str = ""  # "" = RAY_ADDRESS (ray job submit) or a local cluster
+    ray_address: str = ""  # Ray cluster (host:port); "" = RAY_ADDRESS (ray job submit) or a new local one
+    ray_timeout_s: PosFloat = 60.0  # give up on an unreachable ray_address after this many seconds
     # JobConfig: out_dir "" = runs/train_sparse/<run_name or UTC timestamp>; the same run_name again resumes.
+
+    experiment = "wxray-train"
+
+    def run_label(self, job: str) -> str:
+        return f"{self.model.name}-r{self.model.keep_ratio:g}"
 
     def validate(self) -> None:
         if self.run_name and not self.out_dir:
             self.out_dir = f"runs/train_sparse/{self.run_name}"
+        m = self.model
+        if self.train.routing_members > 1 and (m.selection != "random" or m.deterministic_eval or m.keep_ratio == 1):
+            raise ConfigError(f"train.routing_members={self.train.routing_members} draws routing ensembles: needs "
+                              f"model.selection=random, model.deterministic_eval=false and model.keep_ratio < 1")

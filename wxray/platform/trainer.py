@@ -15,17 +15,23 @@ import torch
 
 from wxray.config import to_dict
 from wxray.errors import CheckpointError, ConfigError, DataError, WxrayError
-from wxray.job import JobContext
+from wxray.job import JobContext, say
 from wxray.platform import accelerators as acc
 from wxray.platform import checkpoints
 from wxray.platform.datasets import WindowData, build_datasets, exactly_once_data_config, prepare_windows
 from wxray.platform.evaluation import evaluate_checkpoint
+from wxray.platform.reporting import ProgressPrinter
 from wxray.platform.train_config import TrainSparseConfig
 from wxray.platform.trainer_loop import build_forecaster, model_identity, train_fn_per_worker
 from wxray.platform.windows import fit_spec
 
 
 def check_model(cfg: TrainSparseConfig, data: WindowData) -> torch.nn.Module:
+    names = [c.name for c in data.spec.targets]
+    for name in cfg.train.var_weights:
+        if name not in names:
+            raise ConfigError(f"train.var_weights names '{name}', not a target channel "
+                              f"(channels: {', '.join(names)})")
     data.spec = fit_spec(data.spec, cfg.model.patch_size, cfg.data.grid_fit)  # crop/pad/refuse the grid
     try:
         model = build_forecaster(cfg.model, data.spec)
@@ -39,7 +45,7 @@ def check_model(cfg: TrainSparseConfig, data: WindowData) -> torch.nn.Module:
 
 
 def make_trainer(cfg: TrainSparseConfig, data: WindowData, out_dir: Path, tracking_uri: str = "",
-                 mlflow_run_id: str = ""):
+                 mlflow_run_id: str = "", progress=None):
     from ray.train import CheckpointConfig, FailureConfig, RunConfig
     from ray.train.torch import TorchTrainer
 
@@ -49,7 +55,7 @@ def make_trainer(cfg: TrainSparseConfig, data: WindowData, out_dir: Path, tracki
     loop_config = {"cfg": to_dict(cfg), "spec": data.spec, "n_train": len(data.anchors["train"]),
                    "has_val": "val" in datasets, "out_dir": str(out_dir.resolve()),
                    "model_identity": model_identity(cfg.model, data.spec),
-                   "tracking_uri": tracking_uri, "mlflow_run_id": mlflow_run_id}
+                   "tracking_uri": tracking_uri, "mlflow_run_id": mlflow_run_id, "progress": progress}
     return TorchTrainer(
         train_fn_per_worker,
         train_loop_config=loop_config,
@@ -112,39 +118,47 @@ def check_resume(cfg: TrainSparseConfig, data: WindowData, out_dir: Path) -> Pat
     return last
 
 
+def _figures(metrics: dict[str, Any], prefix: str) -> dict[str, float]:
+    # Six significant digits, never rounded to zero: a vorticity RMSE of 3e-6 s-1 must not read 0.0.
+    return {k[len(prefix):]: float(f"{float(v):.6g}") for k, v in metrics.items() if k.startswith(prefix)}
+
+
 def train_sparse(cfg: TrainSparseConfig, ctx: JobContext) -> dict[str, Any]:
-    acc.ensure_ray(cfg.ray_address)
-    data = prepare_windows(cfg.data)
+    data = prepare_windows(cfg.data)  # no Ray needed yet: bad data fail before any worker starts
     model = check_model(cfg, data)
+    acc.ensure_ray(cfg.ray_address, timeout_s=cfg.ray_timeout_s)
     acc.check_cluster_fits(cfg.scaling, reserve_cpus=cfg.data.read_cpus)
-    resumed_from = check_resume(cfg, data, Path(ctx.out_dir))
+    resumed_from = check_resume(cfg, data, Path(cfg.out_dir))
+    ctx.start()  # every input is checked: only now does the run directory change
     if resumed_from is not None:
-        print(f"wxray: resuming from {resumed_from}", flush=True)
+        say(f"resuming from {resumed_from}")
     n_params = sum(p.numel() for p in model.parameters())
     counts = data.counts()
     ctx.tracker.log_params({"n_parameters": n_params, **{f"windows.{k}": v for k, v in counts.items()}})
-    print(f"wxray: {n_params / 1e6:.2f}M parameters, windows {counts}, grid {data.spec.grid}, "
-          f"{cfg.scaling.num_workers} worker(s)", flush=True)
-    trainer = make_trainer(cfg, data, Path(ctx.out_dir), ctx.tracker.uri, ctx.tracker.run_id or "")
-    ctx.keep_on_failure = True  # checkpoints written so far are what a re-run resumes from
-    try:
-        result = trainer.fit()
-    except Exception as e:  # Ray wraps worker errors; show the cause in one line
-        raise _training_error(e) from None
+    say(f"{cfg.model.name} r={cfg.model.keep_ratio:g}, {n_params / 1e6:.2f}M parameters, windows {counts}, "
+        f"grid {data.spec.grid[0]}x{data.spec.grid[1]}, {cfg.scaling.num_workers} worker(s); run directory "
+        f"{ctx.out_dir}")
+    ctx.keep_on_failure = True  # checkpoints written from here on are what a re-run resumes from
+    with ProgressPrinter() as progress:
+        trainer = make_trainer(cfg, data, Path(ctx.out_dir), ctx.tracker.uri, ctx.tracker.run_id or "",
+                               progress=progress.queue)
+        try:
+            result = trainer.fit()
+        except Exception as e:  # Ray wraps worker errors; show the cause in one line
+            raise _training_error(e) from None
     if result.checkpoint is None:
         raise CheckpointError(f"training in {ctx.out_dir} finished without a checkpoint")
     metrics = result.metrics or {}
     with result.checkpoint.as_directory() as d:
         evaluation = evaluate_checkpoint(cfg, data, Path(d), Path(ctx.out_dir), ctx)
-    val_rmse = {k.split("/", 2)[2]: round(float(v), 6) for k, v in metrics.items() if k.startswith("val/rmse/")}
     return {
-        "val_rmse": val_rmse,
+        "val_rmse": _figures(metrics, "val/rmse/"),
         "val_loss": metrics.get("val/loss"),
         "train_loss": metrics.get("train/epoch_loss"),
         "samples_per_s_per_worker": metrics.get("train/epoch_samples_per_s_per_worker"),
-        "epochs": int(metrics.get("epoch", -1)) + 1,
+        "epochs": int(metrics.get("epoch", 0)),
         "steps": metrics.get("step"),
-        "checkpoint": result.checkpoint.path,
+        "checkpoint": str(Path(result.checkpoint.path).resolve()),
         "n_parameters": n_params,
         "windows": counts,
         **evaluation,

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
 import tempfile
 import time
 from collections.abc import Iterable, Iterator
@@ -142,12 +141,6 @@ def validate(model, batches, spec: WindowSpec, lat_w: torch.Tensor, device, worl
     return out
 
 
-def _say(line: str) -> None:
-    # Ray Train V2 patches print() to tee into its logger, which shows every line twice on the driver.
-    sys.__stdout__.write(line + "\n")
-    sys.__stdout__.flush()
-
-
 def _fault_drill(cfg: TrainSparseConfig, epoch: int, rank: int, world: int, marker: Path) -> None:
     if cfg.train.fault_drill_epoch == epoch and rank == min(1, world - 1) and not marker.exists():
         marker.write_text(f"killed rank {rank} at the start of epoch {epoch}\n")
@@ -179,10 +172,12 @@ def train_fn_per_worker(config: dict[str, Any]) -> None:
     if cfg.train.max_steps_per_epoch:
         per_epoch = min(per_epoch, cfg.train.max_steps_per_epoch * world * cfg.data.batch_size)
     total_samples = cfg.train.epochs * max(1, per_epoch)
-    warmup_samples = cfg.optim.warmup_steps * world * cfg.data.batch_size
+    warmup_samples = (round(cfg.optim.warmup_epochs * max(1, per_epoch)) if cfg.optim.warmup_epochs
+                      else cfg.optim.warmup_steps * world * cfg.data.batch_size)
+    peak_lr = cfg.optim.lr * world ** cfg.optim.lr_scaling  # the paper: 5e-4 x (accelerators)^0.8
 
     def set_lr(seen: int) -> float:
-        lr = cfg.optim.lr * lr_factor(seen, warmup_samples, total_samples, cfg.optim.min_lr_ratio)
+        lr = peak_lr * lr_factor(seen, warmup_samples, total_samples, cfg.optim.min_lr_ratio)
         for group in opt.param_groups:
             group["lr"] = lr
         return lr
@@ -206,7 +201,8 @@ def train_fn_per_worker(config: dict[str, Any]) -> None:
     var_w = torch.tensor([cfg.train.var_weights.get(c.name, 1.0) for c in spec.targets], device=device)
     dummy = {"x": torch.zeros(1, spec.n_in_channels, *spec.grid, device=device),
              "y": torch.zeros(1, len(spec.targets), *spec.grid, device=device)}
-    reporter = Reporter(rank, config.get("tracking_uri", ""), config.get("mlflow_run_id", ""))
+    reporter = Reporter(rank, config.get("tracking_uri", ""), config.get("mlflow_run_id", ""),
+                        progress=config.get("progress"))
     meter_exclude = acc.SavedActivationMeter.parameter_pointers(model)
     train_shard = ray.train.get_dataset_shard("train")
     val_shard = ray.train.get_dataset_shard("val") if config["has_val"] else None
@@ -257,7 +253,7 @@ def train_fn_per_worker(config: dict[str, Any]) -> None:
                     m["train/peak_memory_bytes"] = peak
                 reporter.log(m, step)
         elapsed = time.perf_counter() - t_epoch
-        metrics = {"epoch": epoch, "step": step, "train/world_size": world,
+        metrics = {"epoch": epoch + 1, "step": step, "train/world_size": world,  # epochs completed, as printed
                    "train/fsdp_sharded": float(_is_sharded(model)),
                    "train/epoch_loss": float(np.mean(losses)) if losses else float("nan"),
                    "train/epoch_samples_per_s_per_worker": n_samples / max(elapsed, 1e-9)}
@@ -267,8 +263,9 @@ def train_fn_per_worker(config: dict[str, Any]) -> None:
                                     spec, lat_w, device, world, dtype, cfg.train.seed, dummy))
         if rank == 0:
             val = f", val loss {metrics['val/loss']:.4f}" if "val/loss" in metrics else ""
-            _say(f"epoch {epoch + 1}/{cfg.train.epochs}: step {step}, train loss {metrics['train/epoch_loss']:.4f}"
-                 f"{val}, {metrics['train/epoch_samples_per_s_per_worker']:.1f} samples/s/worker")
+            reporter.say(f"epoch {epoch + 1}/{cfg.train.epochs}: step {step}, "
+                         f"train loss {metrics['train/epoch_loss']:.4f}{val}, "
+                         f"{metrics['train/epoch_samples_per_s_per_worker']:.1f} samples/s/worker")
         last = epoch == cfg.train.epochs - 1
         if (epoch + 1) % cfg.train.checkpoint_every == 0 or last:
             model_sd, opt_sd = _get_state(model, opt)
@@ -277,7 +274,7 @@ def train_fn_per_worker(config: dict[str, Any]) -> None:
                 if rank == 0:
                     state = {"model": model_sd, "optimizer": opt_sd, "samples_seen": seen,
                              "epoch": epoch, "step": step, "torch_rng": torch.get_rng_state()}
-                    checkpoints.save(tmp, state, {"model": config["model_identity"], "epoch": epoch, "step": step,
+                    checkpoints.save(tmp, state, {"model": config["model_identity"], "epoch": epoch + 1, "step": step,
                                                   "data": {**config["cfg"]["data"], "store": spec.store}})
                     ckpt = ray.train.Checkpoint.from_directory(tmp)
                 reporter.report(metrics, step, checkpoint=ckpt)

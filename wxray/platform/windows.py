@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
+from wxray.config import Fraction, PosInt
 from wxray.data.schema import LAT, LEVEL, LON, TIME, TRAJECTORY, Channel, Stats, channels, time_step
 from wxray.errors import ConfigError, DataError
 from wxray.platform.gridfit import GRID_FIT_MODES, GridFit, GridFitMode, fit_grid
@@ -32,27 +33,23 @@ SPLITS = ("train", "val", "test")
 class WindowConfig:
     input_variables: list[str] = field(default_factory=list)  # [] -> every time-dependent variable
     target_variables: list[str] = field(default_factory=list)  # [] -> the input variables
-    levels: list[int] = field(default_factory=list)  # [] -> every level of the store
+    levels: list[PosInt] = field(default_factory=list)  # hPa; [] -> every level of the store
     constants: list[str] = field(default_factory=list)  # [] -> every constant field of the store
-    history: int = 2
-    lead_steps: int = 1
+    history: PosInt = 2  # input steps t-H+1 .. t
+    lead_steps: PosInt = 1  # native time steps from the last input to the target
     residual: bool = True  # target = normalised tendency y(t+lead) - x(t)
     # Time ranges "start/end" (inclusive, pandas-parsable). Empty -> split_fractions of the record.
-    train_range: str = ""
-    val_range: str = ""
-    test_range: str = ""
-    split_fractions: tuple[float, float, float] = (0.7, 0.15, 0.15)
+    train_range: str = ""  # e.g. 1979-01-01/2017-12-31
+    val_range: str = ""  # e.g. 2018-01-01/2019-12-31
+    test_range: str = ""  # e.g. 2020-01-01/2020-12-31
+    split_fractions: tuple[Fraction, Fraction, Fraction] = (0.7, 0.15, 0.15)  # without ranges: train/val/test
     grid_fit: GridFitMode = "crop"  # patch size not dividing the grid: crop | pad | error (gridfit.py)
 
     def validate(self) -> None:
         if self.grid_fit not in GRID_FIT_MODES:
             raise ConfigError(f"data.grid_fit must be one of {', '.join(GRID_FIT_MODES)}, got {self.grid_fit!r}")
-        if self.history < 1:
-            raise ConfigError(f"data.history must be >= 1, got {self.history}")
-        if self.lead_steps < 1:
-            raise ConfigError(f"data.lead_steps must be >= 1, got {self.lead_steps}")
-        if abs(sum(self.split_fractions) - 1) > 1e-6 or min(self.split_fractions) < 0:
-            raise ConfigError(f"data.split_fractions must be >= 0 and sum to 1, got {self.split_fractions}")
+        if abs(sum(self.split_fractions) - 1) > 1e-6:
+            raise ConfigError(f"data.split_fractions must sum to 1, got {list(self.split_fractions)}")
 
 
 @dataclass

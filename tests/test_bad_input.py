@@ -1,0 +1,197 @@
+"""The bad-input contract, by family and for every job: one `error:` line on stderr, exit 2, no traceback,
+and the file system exactly as it was (an existing run directory included).
+
+Property-based over each job's config: random out-of-domain numbers, unknown keys, wrong types and bad
+output locations. All of these fail before any work starts, so the jobs run in-process without Ray.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import typing
+from pathlib import Path
+from typing import Annotated, get_args, get_origin
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from wxray.cli import JOBS, _load
+from wxray.config import Range
+from wxray.job import run_job
+
+CONFIGS = {cmd: _load(spec[1]) for cmd, spec in JOBS.items()}
+
+
+def numeric_keys(cls, prefix=""):
+    """(dotted key, base type, Range or None, scalar|list|dict) of every int/float key, nested sections too."""
+    hints = typing.get_type_hints(cls, include_extras=True)
+    out = []
+    for f in dataclasses.fields(cls):
+        tp = hints[f.name]
+        if dataclasses.is_dataclass(tp):
+            out += numeric_keys(tp, f"{prefix}{f.name}.")
+            continue
+        outer = get_origin(get_args(tp)[0] if get_origin(tp) is Annotated else tp)
+        shape = "dict" if outer is dict else "list" if outer in (list, tuple) else "scalar"
+        out += [(f"{prefix}{f.name}", base, rng, shape) for base, rng in _numbers(tp)]
+    return out
+
+
+def _numbers(tp):
+    origin = get_origin(tp)
+    if origin is Annotated:
+        base, *extras = get_args(tp)
+        rng = next((e for e in extras if isinstance(e, Range)), None)
+        return [(base, rng)] if base in (int, float) else _numbers(base)
+    if tp in (int, float):
+        return [(tp, None)]
+    return [x for a in get_args(tp) if a is not type(None) and a is not Ellipsis for x in _numbers(a)]
+
+
+@pytest.mark.parametrize("cmd", sorted(CONFIGS))
+def test_every_numeric_key_declares_its_domain(cmd):
+    missing = [key for key, _, rng, _ in numeric_keys(CONFIGS[cmd]) if rng is None]
+    assert not missing, f"{cmd}: numeric keys without a Range domain: {missing}"
+
+
+def listing(root: Path) -> dict[str, bytes | None]:
+    return {str(p.relative_to(root)): (p.read_bytes() if p.is_file() else None) for p in sorted(root.rglob("*"))}
+
+
+def _outside(base, rng: Range, draw) -> object:
+    below = [rng.lo - draw(st.integers(1, 10**6)) if base is int else rng.lo - draw(st.floats(1e-6, 1e6)),
+             rng.lo] if rng.lo is not None else []
+    above = [rng.hi + draw(st.integers(1, 10**6)) if base is int else rng.hi + draw(st.floats(1e-6, 1e6)),
+             rng.hi] if rng.hi is not None else []
+    # The bound itself is outside only when the interval is open there.
+    candidates = ([below[0]] + ([below[1]] if rng.lo_open else []) + ([above[0]] if above else [])
+                  + ([above[1]] if above and rng.hi_open else []))
+    if base is float:
+        candidates += ["nan", "inf", "-inf"]
+    return draw(st.sampled_from(candidates))
+
+
+@st.composite
+def bad_override(draw, cmd: str, unwritable: Path | None, a_file: Path):
+    cls = CONFIGS[cmd]
+    keys = numeric_keys(cls)
+    family = draw(st.sampled_from(["domain", "unknown", "type", "output"]))
+    if family == "domain":
+        bounded = [k for k in keys if k[2] is not None and (k[2].lo is not None or k[2].hi is not None)]
+        key, base, rng, _ = draw(st.sampled_from(bounded))
+        return [f"{key}={_outside(base, rng, draw)}"], key
+    if family == "unknown":
+        name = draw(st.from_regex(r"[a-z]{3,10}", fullmatch=True))
+        hints = typing.get_type_hints(cls)
+        section = draw(st.sampled_from(["", *[f"{f.name}." for f in dataclasses.fields(cls)
+                                               if dataclasses.is_dataclass(hints[f.name])]]))
+        return [f"{section}{name}_x=1"], f"{section}{name}_x"
+    if family == "type":
+        key, base, _, shape = draw(st.sampled_from(keys))
+        wrong = {"dict": ["abc", "[1, 2]", "{a: abc}"], "list": ["abc", "{a: 1}", "[abc]"],
+                 "scalar": ["abc", "{a: 1}", "[1, 2]"] + (["1.5"] if base is int else [])}[shape]
+        value = draw(st.sampled_from(wrong))
+        return [f"{key}={value}"], key
+    where = draw(st.sampled_from(["under_file", "unwritable"] if unwritable else ["under_file"]))
+    target = (a_file / "run") if where == "under_file" else (unwritable / "run")
+    return [f"out_dir={target}"], "out_dir"
+
+
+def _unwritable(tmp: Path) -> Path | None:
+    d = tmp / "locked"
+    d.mkdir()
+    if os.geteuid() != 0:
+        d.chmod(0o555)
+        return d
+    ok = subprocess.run(["chattr", "+i", str(d)], capture_output=True).returncode == 0
+    return d if ok else None
+
+
+def _unlock(d: Path | None) -> None:
+    if d is not None and os.geteuid() == 0:
+        subprocess.run(["chattr", "-i", str(d)], capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def sandbox(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bad_input")
+    run_dir = root / "existing_run"
+    run_dir.mkdir()
+    (run_dir / "config.yaml").write_text("kept: as it was\n")
+    (run_dir / ".mlflow_run_id").write_text("0123abc\n")
+    a_file = root / "a_file"
+    a_file.write_text("not a folder")
+    locked = _unwritable(root)
+    yield root, run_dir, a_file, locked
+    _unlock(locked)
+
+
+@pytest.mark.parametrize("cmd", sorted(CONFIGS))
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_bad_config_is_one_line_and_changes_nothing(cmd, data, sandbox, capsys, monkeypatch):
+    root, run_dir, a_file, locked = sandbox
+    monkeypatch.chdir(root)
+    monkeypatch.setenv("WXRAY_HOME", str(root))
+    argv, key = data.draw(bad_override(cmd, locked, a_file))
+    job, cfg_cls, _, _ = JOBS[cmd]
+    # A valid-looking rest of the command, so the bad key is the only thing wrong.
+    required = {"evaluate": ["forecast=fc.zarr", "truth=truth.zarr"], "forecast": ["checkpoint=run"],
+                "prepare-data": ["source=src.nc", "out=out.zarr"]}.get(cmd, [])
+    before = listing(root)
+
+    def must_not_run(cfg, ctx):
+        raise AssertionError("the job started despite bad input")
+
+    capsys.readouterr()
+    rc = run_job(job, _load(cfg_cls), must_not_run, [f"out_dir={run_dir}", *required, *argv,
+                                                     f"tracking.uri=sqlite:///{root}/db/mlflow.db"])
+    err = capsys.readouterr().err
+    errors = [ln for ln in err.splitlines() if ln.startswith("error:")]
+    assert rc == 2, (argv, err)
+    assert len(errors) == 1 and "Traceback" not in err, (argv, err)
+    assert key.split(".")[-1] in errors[0], (argv, errors[0])
+    assert listing(root) == before, argv
+
+
+def test_yaml_with_a_duplicated_key_is_refused(tmp_path, capsys):
+    y = tmp_path / "c.yaml"
+    y.write_text("model:\n  depth: 4\n  embed_dim: 32\n  depth: 6\n")
+    rc = run_job("train_sparse", CONFIGS["train"], None, ["--config", str(y), f"out_dir={tmp_path / 'r'}"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and err == f"error: config file {y}: key 'depth' is given twice (lines 2 and 4)"
+
+
+def test_union_keys_name_their_alternatives(tmp_path, capsys):
+    rc = run_job("prepare_data", CONFIGS["prepare-data"], None,
+                 ["source=x.nc", "out=o.zarr", "member=first", f"out_dir={tmp_path / 'r'}"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "expects int or 'mean' or null, got 'first'" in err and "Union" not in err
+
+
+def test_help_lists_every_key_with_type_default_and_doc(capsys):
+    assert run_job("train_sparse", CONFIGS["train"], None, ["--help"]) == 0
+    out = capsys.readouterr().out
+    assert "model.keep_ratio (float in (0, 1], default 0.25)" in out or "model.keep_ratio (float" in out
+    assert "data.store (str, default 'data/sample_32x64.zarr'): the zarr store to train on" in out
+    assert "scaling.num_workers (int >= 1, default 1): Ray Train workers" in out
+
+
+def test_relative_paths_resolve_against_the_wxray_home(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("WXRAY_HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    seen = {}
+
+    def main(cfg, ctx):
+        seen["cfg"] = cfg
+        return {}
+
+    assert run_job("make_sample_data", CONFIGS["make-sample-data"], main,
+                   ["out=data/s.zarr", "tracking.enabled=false"]) == 0
+    cfg = seen["cfg"]
+    assert cfg.out == str(tmp_path / "home" / "data" / "s.zarr")
+    assert Path(cfg.out_dir).parent == tmp_path / "home" / "runs" / "make_sample_data"
+    assert "out_dir: " + cfg.out_dir in (Path(cfg.out_dir) / "config.yaml").read_text()

@@ -1,0 +1,63 @@
+"""The `wxray` command (installed with the package): every job under one name, from any directory.
+
+    wxray train [--config FILE] [key=value ...]       # = python jobs/train_sparse.py ...
+    wxray evaluate forecast=<zarr> truth=<store>      # = python jobs/evaluate.py ...
+    wxray <job> --help                                # every key with its type, default and doc
+
+Each entry names the job's config class and main function by import path: `wxray --help` imports
+neither, `wxray <job> --help` only the config.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+JOBS: dict[str, tuple[str, str, str, str]] = {
+    # command: (job name, config class, main, one-line doc)
+    "train": ("train_sparse", "wxray.platform.train_config:TrainSparseConfig", "wxray.platform.trainer:train_sparse",
+              "train a forecaster on Ray Train (FSDP2), roll it out and score it"),
+    "evaluate": ("evaluate", "wxray.verify.evaluate:EvaluateConfig", "wxray.verify.evaluate:evaluate",
+                 "WeatherBench-2-style scorecard of a forecast zarr against a truth store or file"),
+    "forecast": ("forecast", "wxray.platform.forecast:ForecastConfig", "wxray.platform.forecast:forecast",
+                 "forecast with a trained checkpoint (routing ensembles): forecast.zarr + per-lead scores"),
+    "prepare-data": ("prepare_data", "wxray.data.jobs:PrepareDataConfig", "wxray.data.jobs:prepare_data_main",
+                     "convert ERA5 NetCDF / GRIB / zarr into a wxray store with statistics"),
+    "make-sample-data": ("make_sample_data", "wxray.data.jobs:SampleDataConfig", "wxray.data.jobs:make_sample_main",
+                         "generate the shallow-water sample store (synthetic, not ERA5)"),
+}
+
+
+def _load(spec: str):
+    module, name = spec.split(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def usage() -> str:
+    width = max(map(len, JOBS))
+    lines = ["usage: wxray <job> [--config FILE] [key=value ...] [--verbose] [--help]", "", "jobs:"]
+    lines += [f"  {cmd:<{width}}  {doc}" for cmd, (_, _, _, doc) in JOBS.items()]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(usage())
+        return 0
+    cmd = argv[0].replace("_", "-")
+    if cmd not in JOBS:
+        print(f"error: unknown job '{argv[0]}' (jobs: {', '.join(JOBS)})", file=sys.stderr)
+        return 2
+    from wxray.job import run_job
+
+    job, cfg_cls, fn, doc = JOBS[cmd]
+
+    def job_main(cfg, ctx):  # imported only when the job runs (not for --help or a bad config)
+        return _load(fn)(cfg, ctx)
+
+    return run_job(job, _load(cfg_cls), job_main, argv[1:], doc=f"wxray {cmd}: {doc}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
