@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
@@ -55,6 +55,8 @@ class EvaluateConfig(JobConfig):
     n_bootstrap: int = 5000
     confidence: float = 0.95
     significance: float = 0.05
+    # "fixed-b": prewhitened HAC test and intervals that hold their level; "paper": Wilks block bootstrap + HLN DM
+    significance_method: Literal["fixed-b", "paper"] = "fixed-b"
     seed: int = 0
     plots: bool = True
 
@@ -187,11 +189,11 @@ def evaluate(cfg: EvaluateConfig, ctx: JobContext) -> dict[str, Any]:
     card = build_scorecard(forecast, truth, chans, climatology=climatology, baseline=baseline,
                            region=None if cfg.region == "global" else cfg.region, skipna=cfg.skipna,
                            n_bootstrap=cfg.n_bootstrap, confidence=cfg.confidence,
-                           significance=cfg.significance, seed=cfg.seed)
+                           significance=cfg.significance, seed=cfg.seed, method=cfg.significance_method)
     card.attrs.update(forecast=forecast.name, truth=cfg.truth, baseline=baseline.name if baseline else "",
                       n_members=forecast.n_members(), member_dims=",".join(forecast.member_dims),
                       region=cfg.region, n_bootstrap=cfg.n_bootstrap, confidence=cfg.confidence,
-                      significance=cfg.significance,
+                      significance=cfg.significance, significance_method=cfg.significance_method,
                       acc="yes" if climatology is not None else "no climatology")
     out = ctx.out_dir
     if cfg.plots:

@@ -29,11 +29,15 @@ from wxray.verify import deterministic as det
 from wxray.verify import ensemble as ens
 from wxray.verify.forecasts import INIT, LEAD, truth_at
 from wxray.verify.inference import (
+    DEFAULT_METHOD,
     block_bootstrap,
+    check_method,
     check_series_length,
     circular_block_indices,
     correlation_length,
     diebold_mariano,
+    hac_bandwidth,
+    hac_interval,
 )
 from wxray.verify.spatial import spatial_mean
 
@@ -119,15 +123,22 @@ def score_series(forecast: xr.DataArray, truth: xr.DataArray, climatology: xr.Da
     return series, maps, hist
 
 
-def _interval(series: dict[str, np.ndarray], metric: Metric, idx: np.ndarray, confidence: float):
+def _ci(arrays: list[np.ndarray], statistic, idx: np.ndarray | None, confidence: float):
+    # idx: the paper's shared bootstrap indices; None: the fixed-b interval (paired through the jackknife)
+    if idx is None:
+        return hac_interval(arrays, statistic, confidence=confidence)
+    return block_bootstrap(arrays, statistic, confidence=confidence, indices=idx)
+
+
+def _interval(series: dict[str, np.ndarray], metric: Metric, idx: np.ndarray | None, confidence: float):
     arrays = [series[k] for k in metric.inputs]
     if not all(np.isfinite(a).all() for a in arrays):
         return np.nan, np.nan, np.nan
-    ci = block_bootstrap(arrays, metric.aggregate, confidence=confidence, indices=idx)
+    ci = _ci(arrays, metric.aggregate, idx, confidence)
     return float(ci.estimate), float(ci.lower), float(ci.upper)
 
 
-def _relative(sf: dict, sb: dict, metric: Metric, idx: np.ndarray, confidence: float):
+def _relative(sf: dict, sb: dict, metric: Metric, idx: np.ndarray | None, confidence: float):
     k = len(metric.inputs)
     arrays = [sf[i] for i in metric.inputs] + [sb[i] for i in metric.inputs]
     if not all(np.isfinite(a).all() for a in arrays):
@@ -137,7 +148,7 @@ def _relative(sf: dict, sb: dict, metric: Metric, idx: np.ndarray, confidence: f
         with np.errstate(divide="ignore", invalid="ignore"):
             return metric.aggregate(*a[:k]) / metric.aggregate(*a[k:]) - 1
 
-    ci = block_bootstrap(arrays, rel, confidence=confidence, indices=idx)
+    ci = _ci(arrays, rel, idx, confidence)
     return float(ci.estimate), float(ci.lower), float(ci.upper)
 
 
@@ -182,6 +193,7 @@ class _Settings:
     n_bootstrap: int
     confidence: float
     significance: float
+    method: str = DEFAULT_METHOD
 
 
 def _score_lead(models: list[Model], metric_sets: list[list[Metric]], fields: list[xr.DataArray],
@@ -195,10 +207,14 @@ def _score_lead(models: list[Model], metric_sets: list[list[Metric]], fields: li
         keep = np.logical_and.reduce([np.isfinite(v) for s in series for v in s.values()])
         series = [{k: v[keep] for k, v in s.items()} for s in series]
     n = len(next(iter(series[0].values())))
-    lengths = [int(correlation_length(v)) for s in series for v in s.values() if np.isfinite(v).all()]
-    ell = max(lengths, default=1)
-    check_series_length(n, ell, what)
-    idx = circular_block_indices(n, ell, cfg.n_bootstrap, rng)
+    if cfg.method == "paper":  # one Wilks length and one set of bootstrap indices for every series (paired)
+        lengths = [int(correlation_length(v)) for s in series for v in s.values() if np.isfinite(v).all()]
+        ell = max(lengths, default=1)
+        check_series_length(n, ell, what)
+        idx = circular_block_indices(n, ell, cfg.n_bootstrap, rng)
+    else:  # fixed-b: ell is the Bartlett bandwidth M, the same for every series of this length
+        check_series_length(n, None, what)
+        ell, idx = hac_bandwidth(n), None
     names = [m.name for m in metric_sets[0]]
     row = {k: np.full(len(names), np.nan) for k in ("value", "ci_lower", "ci_upper")}
     if len(models) > 1:
@@ -216,7 +232,7 @@ def _score_lead(models: list[Model], metric_sets: list[list[Metric]], fields: li
         row["rel_diff"][i], row["rel_ci_lower"][i], row["rel_ci_upper"][i] = r
         loss_f, loss_b = series[0][metric.loss], series[1][metric.loss]
         if np.isfinite(loss_f).all() and np.isfinite(loss_b).all():
-            dm = diebold_mariano(loss_f, loss_b, lag=ell)
+            dm = diebold_mariano(loss_f, loss_b, lag=ell if cfg.method == "paper" else ell - 1, method=cfg.method)
             row["dm_statistic"][i], row["dm_p_value"][i] = float(dm.statistic), float(dm.p_value)
             row["significant"][i] = float(np.nan_to_num(dm.p_value, nan=1.0) < cfg.significance)
     return row, results[0][1], results[0][2], n, ell
@@ -225,12 +241,16 @@ def _score_lead(models: list[Model], metric_sets: list[list[Metric]], fields: li
 def build_scorecard(forecast: Model, truth: xr.Dataset, channels: list[Channel], *,
                     climatology: xr.Dataset | None = None, baseline: Model | None = None,
                     region=None, skipna: bool = False, n_bootstrap: int = 5000, confidence: float = 0.95,
-                    significance: float = 0.05, seed: int = 0) -> xr.Dataset:
-    """Score `forecast` (and compare with `baseline`) on every channel x lead; see the module doc."""
+                    significance: float = 0.05, seed: int = 0, method: str = DEFAULT_METHOD) -> xr.Dataset:
+    """Score `forecast` (and compare with `baseline`) on every channel x lead; see the module doc.
+
+    `method`: "fixed-b" (default) or "paper", see `wxray.verify.inference`; n_bootstrap and seed apply to "paper".
+    """
+    check_method(method)
     models = [forecast] + ([baseline] if baseline is not None else [])
     for m in models:
         m.check_members()
-    cfg = _Settings(region, skipna, n_bootstrap, confidence, significance)
+    cfg = _Settings(region, skipna, n_bootstrap, confidence, significance, method)
     inits, leads = forecast.data[INIT].values, forecast.data[LEAD].values
     has_clim = climatology is not None and all(ch.variable in climatology for ch in channels)
     metric_sets = [metrics_for(m.n_members(), {ens.ENCODER_DRAW, ens.DROPOUT_DRAW} <= set(m.member_dims),
