@@ -11,12 +11,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import numpy as np
 import pandas as pd
 import xarray as xr
 
+from wxray.config import InPath, NonNegInt, PathKey, PosInt, Range, Seed
 from wxray.data.schema import TIME, channels
 from wxray.errors import ConfigError, DataError
 from wxray.io import atomic_path
@@ -37,46 +38,44 @@ from wxray.verify.scorecard import Model, build_scorecard, scorecard_table
 from wxray.verify.spatial import REGIONS
 
 HEADLINE_METRICS = ("rmse", "crps", "ssr", "acc")
+Baseline = Annotated[str, PathKey(keywords=("persistence",))]
 
 
 @dataclass
 class EvaluateConfig(JobConfig):
-    forecast: str = ""  # forecast zarr (or netCDF/GRIB) in the init_time x lead_time convention
-    truth: str = ""  # a wxray store, or an ERA5 netCDF/GRIB file with a time dim
-    baseline: str = ""  # a second forecast, or "persistence" (from the truth at the same inits)
+    forecast: InPath = ""  # forecast zarr (or netCDF/GRIB) in the init_time x lead_time convention
+    truth: InPath = ""  # a wxray store, or an ERA5 netCDF/GRIB file with a time dim
+    baseline: Baseline = ""  # a second forecast, or "persistence" (from the truth at the same inits)
     variables: list[str] = field(default_factory=list)  # empty: every forecast variable the truth has
-    levels: list[int] = field(default_factory=list)  # empty: every level of the forecast
-    region: str = "global"
+    levels: list[PosInt] = field(default_factory=list)  # hPa; empty: every level of the forecast
+    region: str = "global"  # global, tropics, extratropics, northern/southern_extratropics, europe, ...
     regrid: bool = False  # interpolate forecast/baseline onto the truth grid instead of failing
     skipna: bool = False  # skip NaN points (counted in the scorecard) instead of failing
     truth_member: str = ""  # truth with members: "mean" or a held-out member index
     make_persistence: bool = False  # score persistence built from the truth instead of `forecast`
-    leads: list[int] = field(default_factory=lambda: [24])  # hours, for make_persistence
-    n_bootstrap: int = 5000
-    confidence: float = 0.95
-    significance: float = 0.05
+    leads: list[NonNegInt] = field(default_factory=lambda: [24])  # hours, for make_persistence
+    n_bootstrap: Annotated[int, Range(100)] = 5000  # block-bootstrap resamples (the paper's 5e3)
+    confidence: Annotated[float, Range(0, 1, True, True)] = 0.95  # level of the bootstrap intervals
+    significance: Annotated[float, Range(0, 1, True, True)] = 0.05  # Diebold-Mariano level for "significant"
     # "fixed-b": prewhitened HAC test and intervals that hold their level; "paper": Wilks block bootstrap + HLN DM
     significance_method: Literal["fixed-b", "paper"] = "fixed-b"
-    seed: int = 0
-    plots: bool = True
+    seed: Seed = 0  # seed of the bootstrap resampling
+    plots: bool = True  # write the scorecard figures (plots/*.png)
+
+    experiment = "wxray-evaluate"
 
     def validate(self) -> None:
         if bool(self.forecast) == self.make_persistence:
             raise ConfigError("give exactly one of forecast=<zarr> or make_persistence=true")
         if not self.truth:
             raise ConfigError("config key 'truth' is required (a store or an ERA5 netCDF/GRIB file)")
-        if self.n_bootstrap < 100:
-            raise ConfigError(f"config key 'n_bootstrap' must be at least 100, got {self.n_bootstrap}")
-        for key in ("confidence", "significance"):
-            if not 0 < getattr(self, key) < 1:
-                raise ConfigError(f"config key '{key}' must lie strictly between 0 and 1")
         if self.truth_member not in ("", "mean") and not self.truth_member.isdigit():
             raise ConfigError(f"config key 'truth_member' expects '', 'mean' or a member index, "
                               f"got {self.truth_member!r}")
         if self.region not in REGIONS:
             raise ConfigError(f"config key 'region' expects one of {', '.join(REGIONS)}, got {self.region!r}")
-        if self.make_persistence and (not self.leads or min(self.leads) < 0):
-            raise ConfigError("config key 'leads' needs at least one non-negative lead in hours")
+        if self.make_persistence and not self.leads:
+            raise ConfigError("config key 'leads' needs at least one lead in hours")
 
 
 def _prepare(ds: xr.Dataset, truth: xr.Dataset, name: str, regrid: bool) -> xr.Dataset:
