@@ -180,3 +180,17 @@ def test_a_few_aux_loss_steps_teach_the_head_the_error_ranks(tiny_kwargs, tiny_i
     assert after > before + 0.4 and after > 0.5, (before, after)
     moved = {k for k, v in model.state_dict().items() if not torch.equal(v, start[k])}
     assert moved and all(k.startswith("router.selector.head.") for k in moved), moved
+
+
+@pytest.mark.parametrize("selector", [LaplacianSelector(), GradientSelector()])
+def test_regional_grids_join_no_seam_between_their_edges(selector):
+    # A regional box: a field that ramps from west to east. Periodic differences would see a cliff between
+    # the east and west edges and rank those patches first; the regional score has no such seam.
+    h, w = 8, 16
+    ramp = torch.linspace(0, 1, w).expand(1, 1, h, w).clone()
+    fields = torch.cat([ramp, ramp ** 2], dim=1)
+    x = torch.zeros(1, 32, 8)
+    regional = selector.score(x, RoutingContext(fields=fields, grid=(4, 8), periodic=False)).view(4, 8)
+    periodic = selector.score(x, RoutingContext(fields=fields, grid=(4, 8))).view(4, 8)
+    assert periodic[:, -1].min() > 5 * periodic[:, 1:-1].max()  # the seam dominates when wrapped
+    assert regional[:, -1].max() <= 2 * regional[:, 1:-1].max() + 1e-6

@@ -199,3 +199,9 @@ def test_training_on_a_padded_grid_and_its_routing_ensemble(ray_session, tmp_pat
                           [f"forecast={res['forecast']}", f"truth={store}", "n_bootstrap=200", "plots=false",
                            f"out_dir={tmp_path / 'ev'}", f"tracking.uri=sqlite:///{tmp_path}/m.db"]))
     assert any(k.startswith("crps.") for k in card) and any(k.startswith("ssr.") for k in card), card
+
+
+def test_pad_wraps_global_columns_and_reflects_regional_ones():
+    a = np.arange(5.0)[None, :].repeat(2, axis=0)  # 2 x 5 grid, patch 2: one column to add
+    assert fit_grid(2, 5, 2, "pad").pad(a)[0].tolist() == [0, 1, 2, 3, 4, 0]  # global: column 0 is next
+    assert fit_grid(2, 5, 2, "pad", periodic=False).pad(a)[0].tolist() == [0, 1, 2, 3, 4, 3]  # regional box

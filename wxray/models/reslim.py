@@ -144,7 +144,9 @@ class ResSlimViT(nn.Module):
     `generator` drives every random draw (token selection, dropout, drop path); with the same
     generator state two forward passes are bit-identical. `routing_generator`, if given, takes over
     the token selection alone. `deterministic_eval=True` makes random selection one fixed seeded draw
-    in eval mode (the score-based selections are deterministic anyway). `pos_embed`: see Tokenizer. Set
+    in eval mode (the score-based selections are deterministic anyway). `pos_embed`: see Tokenizer.
+    `periodic_longitude`: the grid's first and last columns are neighbours (a global grid), which field-based
+    token scores (laplacian, gradient) respect; False for a regional box. Set
     `activation_checkpointing = True` to recompute each block in backward; replayability is kept
     (see routing._checkpointed).
     """
@@ -172,9 +174,11 @@ class ResSlimViT(nn.Module):
         cnn_skip: bool = True,
         skip_channels: int = 64,
         pos_embed: str = "learned",
+        periodic_longitude: bool = True,
     ):
         super().__init__()
         img_size = tuple(int(s) for s in img_size)
+        self.periodic_longitude = periodic_longitude
         _validate(n_vars, history, n_const, n_out, img_size, patch_size, embed_dim, depth, num_heads)
         if not 0.0 <= drop_path < 1.0 or not 0.0 <= dropout < 1.0:
             raise ValueError(f"drop_path ({drop_path}) and dropout ({dropout}) must be in [0, 1)")
@@ -232,7 +236,8 @@ class ResSlimViT(nn.Module):
                 f"got {tuple(x.shape)}"
             )
         tokens = self.embed(x, generator)
-        context = RoutingContext(fields=x, grid=self.grid, n_dynamic=self.in_channels - self.n_const)
+        context = RoutingContext(fields=x, grid=self.grid, n_dynamic=self.in_channels - self.n_const,
+                                 periodic=self.periodic_longitude)
         tokens = self.router(
             tokens, generator=generator, context=context, routing_generator=routing_generator
         )

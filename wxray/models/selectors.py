@@ -39,6 +39,7 @@ class RoutingContext:
     fields: Tensor | None = None  # (B, C, h, w) model input fields, for field-based scores
     grid: tuple[int, int] | None = None  # token grid (h // p, w // p), row-major token order
     n_dynamic: int | None = None  # fields[:, :n_dynamic] vary in time, the rest are constants; None = all
+    periodic: bool = True  # the fields' first and last columns are neighbours (a global grid)
     attention: Tensor | None = None  # (B, L) attention received; filled in by the router
     first_block: Tensor | None = None  # (B, L, D) output of dense-early block 0; filled in by the router
 
@@ -139,11 +140,7 @@ class FieldSelector(TokenSelector):
     (geopotential) do not decide the ranking alone, and the density is averaged over fields.
     """
 
-    name = "field"
-
-    def density(self, f: Tensor) -> Tensor:
-        """(B, C, h, w) standardised fields -> (B, C, h, w) non-negative roughness."""
-        raise NotImplementedError
+    name = "field"  # subclasses define density(f, periodic) -> (B, C, h, w) non-negative roughness
 
     def score(self, x: Tensor, context: RoutingContext | None) -> Tensor:
         if context is None or context.fields is None or context.grid is None:
@@ -153,7 +150,7 @@ class FieldSelector(TokenSelector):
             raise ValueError(f"{self.name} selection needs at least one dynamic input field")
         # a spatially constant field standardises to 0, not to 0/0
         f = (f - f.mean(dim=(-2, -1), keepdim=True)) / (f.std(dim=(-2, -1), keepdim=True) + 1e-6)
-        per_pixel = self.density(f).mean(dim=1, keepdim=True)  # (B, 1, h, w)
+        per_pixel = self.density(f, context.periodic).mean(dim=1, keepdim=True)  # (B, 1, h, w)
         scores = F.adaptive_avg_pool2d(per_pixel, context.grid).flatten(1)  # p divides h, w: exact means
         if scores.shape[1] != x.shape[1]:
             raise ValueError(f"context.grid {context.grid} has {scores.shape[1]} tokens, x has {x.shape[1]}")
@@ -165,8 +162,10 @@ class LaplacianSelector(FieldSelector):
 
         ∇²f[i, j] = f[i, j+1] + f[i, j-1] - 2 f[i, j]  +  f[i+1, j] + f[i-1, j] - 2 f[i, j]   (5-point)
 
-    Longitude is periodic (column -1 neighbours column 0), so rolling the fields by whole patches along
-    longitude rolls the scores the same way. Latitude is not: on the first and last rows the latitude
+    Longitude is periodic on a global grid (column -1 neighbours column 0), so rolling the fields by whole
+    patches along longitude rolls the scores the same way; on a regional grid (`context.periodic` false)
+    the edge columns take their neighbour's second difference. Latitude is never periodic: on the first
+    and last rows the latitude
     term is the one-sided second difference f[0] - 2 f[1] + f[2] (the neighbouring row's), so a field
     that varies linearly with latitude scores 0 everywhere. Replicate padding would put the first
     difference f[1] - f[0] there instead and bias the selection towards the polar rows.
@@ -174,8 +173,13 @@ class LaplacianSelector(FieldSelector):
 
     name = "laplacian"
 
-    def density(self, f: Tensor) -> Tensor:
-        d2x = f.roll(1, dims=-1) + f.roll(-1, dims=-1) - 2 * f
+    def density(self, f: Tensor, periodic: bool = True) -> Tensor:
+        if periodic:
+            d2x = f.roll(1, dims=-1) + f.roll(-1, dims=-1) - 2 * f
+        elif f.shape[-1] >= 3:
+            d2x = F.pad(f.diff(n=2, dim=-1), (1, 1, 0, 0), mode="replicate")
+        else:
+            d2x = torch.zeros_like(f)
         if f.shape[-2] < 3:  # no second difference along one or two rows
             return d2x.abs()
         d2y = F.pad(f.diff(n=2, dim=-2), (0, 0, 1, 1), mode="replicate")
@@ -191,8 +195,11 @@ class GradientSelector(FieldSelector):
 
     name = "gradient"
 
-    def density(self, f: Tensor) -> Tensor:
-        dx = f.roll(-1, dims=-1) - f
+    def density(self, f: Tensor, periodic: bool = True) -> Tensor:
+        if periodic:
+            dx = f.roll(-1, dims=-1) - f
+        else:  # regional: the east edge reuses the backward difference, as the last row does
+            dx = F.pad(f.diff(dim=-1), (0, 1, 0, 0), mode="replicate") if f.shape[-1] > 1 else torch.zeros_like(f)
         dy = F.pad(f.diff(dim=-2), (0, 0, 0, 1), mode="replicate") if f.shape[-2] > 1 else torch.zeros_like(f)
         return (dx.square() + dy.square()).sqrt()
 

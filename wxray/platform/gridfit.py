@@ -11,7 +11,8 @@ divides it:
   rows, L = 16200 tokens at p = 2). Surplus columns go at the east end (the last longitudes).
 - ``pad`` keeps the whole grid and pads it: n = (-h) mod p rows by reflection about the edge row
   (numpy ``reflect``: the edge row is not repeated), ceil(n/2) at the south edge and floor(n/2) at the
-  north; columns are padded *periodically* (wrap) at the east end, as longitude is periodic. Padded
+  north; columns are padded at the east end, *periodically* (wrap) on a global grid, where longitude is
+  periodic, and by reflection on a regional one, whose east and west edges are not neighbours. Padded
   rows and columns are not data: `unpad` removes them from every prediction before the loss, the
   scores and the forecast store, and a rollout re-pads its kept-grid state before the next step.
 - ``error`` refuses a grid that p does not divide.
@@ -42,7 +43,8 @@ class GridFit:
     rows: tuple[int, int]  # [start, stop) of the kept store rows (ascending latitude)
     cols: tuple[int, int]  # [start, stop) of the kept store columns
     pad_rows: tuple[int, int] = (0, 0)  # (south, north) reflected rows
-    pad_cols: tuple[int, int] = (0, 0)  # (west, east) wrapped columns
+    pad_cols: tuple[int, int] = (0, 0)  # (west, east) padded columns
+    periodic: bool = True  # global grid: columns pad by wrapping; regional: by reflection
 
     @classmethod
     def identity(cls, h: int, w: int) -> GridFit:
@@ -67,7 +69,7 @@ class GridFit:
             return a
         h, w = self.kept_grid
         a = _take(a, np.pad(np.arange(h), self.pad_rows, mode="reflect"), -2)
-        return _take(a, np.pad(np.arange(w), self.pad_cols, mode="wrap"), -1)
+        return _take(a, np.pad(np.arange(w), self.pad_cols, mode="wrap" if self.periodic else "reflect"), -1)
 
     def row_weights(self, w):
         """Kept-row weights (h,) -> model-grid rows (H,), 0 on padded rows; numpy or torch."""
@@ -96,8 +98,8 @@ def _take(a, index: np.ndarray, axis: int):
     return a.index_select(axis % a.ndim, torch.as_tensor(index, device=a.device))
 
 
-def fit_grid(h: int, w: int, patch_size: int, mode: str) -> GridFit:
-    """The fit of an h x w grid to `patch_size` (index ranges relative to that grid)."""
+def fit_grid(h: int, w: int, patch_size: int, mode: str, periodic: bool = True) -> GridFit:
+    """The fit of an h x w grid to `patch_size` (index ranges relative to that grid); `periodic`: global."""
     p = int(patch_size)
     if mode not in GRID_FIT_MODES:
         raise ConfigError(f"data.grid_fit must be one of {', '.join(GRID_FIT_MODES)}, got {mode!r}")
@@ -114,4 +116,6 @@ def fit_grid(h: int, w: int, patch_size: int, mode: str) -> GridFit:
     n = -h % p
     if h < 2 and n:
         raise ConfigError(f"data.grid_fit=pad: a grid of {h} row cannot be padded by reflection")
-    return GridFit(mode, (0, h), (0, w), pad_rows=(-(-n // 2), n // 2), pad_cols=(0, -w % p))
+    if not periodic and w < 2 and w % p:
+        raise ConfigError(f"data.grid_fit=pad: a regional grid of {w} column cannot be padded by reflection")
+    return GridFit(mode, (0, h), (0, w), pad_rows=(-(-n // 2), n // 2), pad_cols=(0, -w % p), periodic=periodic)

@@ -33,7 +33,7 @@ def build_forecaster(cfg: ModelConfig, spec: WindowSpec) -> torch.nn.Module:
                   embed_dim=cfg.embed_dim, depth=cfg.depth, num_heads=cfg.num_heads, mlp_ratio=cfg.mlp_ratio,
                   split=tuple(cfg.split), keep_ratio=cfg.keep_ratio, selection=cfg.selection,
                   deterministic_eval=cfg.deterministic_eval, drop_path=cfg.drop_path, dropout=cfg.dropout,
-                  pos_embed=cfg.pos_embed)
+                  pos_embed=cfg.pos_embed, periodic_longitude=spec.periodic_longitude)
     if cfg.name != "climax":
         kwargs["skip_channels"] = cfg.skip_channels
     return build_model(cfg.name, **kwargs)

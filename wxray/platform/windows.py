@@ -22,7 +22,7 @@ import pandas as pd
 import xarray as xr
 
 from wxray.config import Fraction, PosInt
-from wxray.data.schema import LAT, LEVEL, LON, TIME, TRAJECTORY, Channel, Stats, channels, time_step
+from wxray.data.schema import GLOBAL, LAT, LEVEL, LON, TIME, TRAJECTORY, Channel, Stats, channels, grid_kind, time_step
 from wxray.errors import ConfigError, DataError
 from wxray.platform.gridfit import GRID_FIT_MODES, GridFit, GridFitMode, fit_grid
 
@@ -88,6 +88,11 @@ class WindowSpec:
         return self.fit.model_grid
 
     @property
+    def periodic_longitude(self) -> bool:
+        """The model grid's first and last columns are neighbours (a whole, unpadded global grid)."""
+        return grid_kind(self.longitude) == GLOBAL and not any(self.fit.pad_cols)
+
+    @property
     def kept_grid(self) -> tuple[int, int]:
         return len(self.latitude), len(self.longitude)
 
@@ -150,10 +155,12 @@ def fit_spec(spec: WindowSpec, patch_size: int, mode: str) -> WindowSpec:
     The fit is recomputed on the current kept grid, so fitting a fitted spec again composes.
     """
     h, w = spec.kept_grid
-    new = fit_grid(h, w, patch_size, mode)
+    # A global grid wraps around in longitude; a regional box (or a cropped global grid) does not.
+    new = fit_grid(h, w, patch_size, mode, periodic=grid_kind(spec.longitude) == GLOBAL)
     (r0, r1), (c0, c1) = new.rows, new.cols
     base_r, base_c = spec.fit.rows[0], spec.fit.cols[0]
-    fit = GridFit(mode, (base_r + r0, base_r + r1), (base_c + c0, base_c + c1), new.pad_rows, new.pad_cols)
+    fit = GridFit(mode, (base_r + r0, base_r + r1), (base_c + c0, base_c + c1), new.pad_rows, new.pad_cols,
+                  periodic=new.periodic)
     return replace(spec, fit=fit, latitude=spec.latitude[r0:r1], longitude=spec.longitude[c0:c1])
 
 
