@@ -69,6 +69,7 @@ lint: setup
 bench: setup
 	$(BIN)/python benchmarks/bench_sparse.py
 	$(BIN)/python benchmarks/bench_data.py
+	$(BIN)/python benchmarks/bench_significance.py
 
 mlflow-ui: setup
 	$(BIN)/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/runs/mlflow.db --host 127.0.0.1 --port 5000

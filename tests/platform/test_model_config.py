@@ -62,3 +62,19 @@ def test_demo_config_lists_every_selection():
     line = next(ln for ln in (ROOT / "configs" / "train_sparse.yaml").read_text().splitlines() if "selection:" in ln)
     assert [n.strip() for n in line.split("#", 1)[1].split("|")] == list(SELECTIONS)
     assert ModelConfig().selection == line.split(":")[1].split("#")[0].strip()
+
+
+def test_checkpoints_from_before_pos_embed_count_as_fixed(tmp_path):
+    import json
+
+    import pytest
+    import torch
+
+    from wxray.errors import CheckpointError
+    from wxray.platform import checkpoints
+
+    torch.save({"model": {}}, tmp_path / "state.pt")
+    (tmp_path / "meta.json").write_text(json.dumps({"format": checkpoints.FORMAT, "model": {"embed_dim": 32}}))
+    checkpoints.read_meta(tmp_path, expect_model={"embed_dim": 32, "pos_embed": "fixed"})
+    with pytest.raises(CheckpointError, match="model.pos_embed='fixed' does not match this run's 'learned'"):
+        checkpoints.read_meta(tmp_path, expect_model={"embed_dim": 32, "pos_embed": "learned"})

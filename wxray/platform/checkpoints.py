@@ -42,6 +42,8 @@ def read_meta(path: str | Path, expect_model: dict[str, Any] | None = None) -> d
         raise CheckpointError(f"checkpoint {d}: format {meta.get('format')!r}, expected {FORMAT!r}")
     if expect_model is not None:
         theirs = meta.get("model", {})
+        if theirs and "pos_embed" not in theirs:  # written before model.pos_embed: the fixed sin-cos table
+            theirs = {**theirs, "pos_embed": "fixed"}
         diff = [k for k in ("name", "patch_size", "embed_dim", "depth", "num_heads", "mlp_ratio", "skip_channels",
                             "pos_embed")
                 if k in theirs and k in expect_model and theirs[k] != expect_model[k]]
