@@ -8,19 +8,15 @@ their domain in the type (`PosInt`, `NonNegInt`, `Fraction`, ... : `Annotated[in
 must be finite. A config class may define `validate(self)` for checks across keys; it is called on every
 nested config after loading. Configs become plain dicts only at the Ray boundary (`to_dict`).
 
-A field's one-line doc is its trailing comment in the dataclass source (`describe` prints them for
-`--help`), so the code and the help text cannot drift apart.
+A field's one-line doc is its trailing comment in the dataclass source (`wxray.config_help.describe`
+prints them for `--help`), so the code and the help text cannot drift apart.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import inspect
-import io
 import math
-import re
-import tokenize
 import types
 import typing
 from pathlib import Path
@@ -82,22 +78,22 @@ AnyFloat = Annotated[float, Range()]  # explicitly unbounded (still finite)
 AnyInt = Annotated[int, Range()]
 
 
-def _type_name(tp: Any) -> str:
+def type_name(tp: Any) -> str:
     origin = get_origin(tp)
     if origin is Annotated:
-        return _type_name(get_args(tp)[0])
+        return type_name(get_args(tp)[0])
     if origin is Literal:
         return "one of " + ", ".join(repr(a) for a in get_args(tp))
     if origin in (typing.Union, types.UnionType):
         arms = [a for a in get_args(tp) if a is not type(None)]
-        text = " or ".join(_type_name(a).removeprefix("one of ") for a in arms)
+        text = " or ".join(type_name(a).removeprefix("one of ") for a in arms)
         return text + (" or null" if len(arms) < len(get_args(tp)) else "")
     if origin in (list, tuple):
         args = [a for a in get_args(tp) if a is not Ellipsis]
-        return f"list of {_type_name(args[0])}" if args else "list"
+        return f"list of {type_name(args[0])}" if args else "list"
     if origin is dict:
         kt, vt = get_args(tp) or (Any, Any)
-        return f"mapping {_type_name(kt)} -> {_type_name(vt)}"
+        return f"mapping {type_name(kt)} -> {type_name(vt)}"
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
 
@@ -143,11 +139,11 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             except ConfigError as e:
                 errors.append(str(e))
         shown = value.raw if isinstance(value, RawOverride) else value
-        raise ConfigError(f"config key '{key}' expects {_type_name(tp)}, got {shown!r}")
+        raise ConfigError(f"config key '{key}' expects {type_name(tp)}, got {shown!r}")
     if origin is Literal:
         if value in get_args(tp):
             return value
-        raise ConfigError(f"config key '{key}' expects {_type_name(tp)}, got {value!r}")
+        raise ConfigError(f"config key '{key}' expects {type_name(tp)}, got {value!r}")
     if dataclasses.is_dataclass(tp):
         if isinstance(value, tp):
             return value
@@ -200,7 +196,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             return value.isoformat()  # `run_name: 2024-01-01` in a YAML file
     elif isinstance(value, tp):
         return value
-    raise ConfigError(f"config key '{key}' expects {_type_name(tp)}, got {value!r}")
+    raise ConfigError(f"config key '{key}' expects {type_name(tp)}, got {value!r}")
 
 
 def _build(cls: type[T], values: dict[str, Any], prefix: str = "") -> T:
@@ -380,48 +376,3 @@ def load_config(cls: type[T], argv: list[str] | None = None) -> T:
 
 def dump_yaml(cfg: Any) -> str:
     return yaml.safe_dump(to_dict(cfg), sort_keys=False)
-
-
-def field_docs(cls: type) -> dict[str, str]:
-    """{field: its trailing `# comment`} over `cls` and its dataclass bases (subclasses win)."""
-    docs: dict[str, str] = {}
-    for klass in reversed(cls.__mro__):
-        if not dataclasses.is_dataclass(klass) or klass is object:
-            continue
-        try:
-            source = inspect.getsource(klass)
-        except (OSError, TypeError):
-            continue
-        lines = source.splitlines()
-        for tok in tokenize.generate_tokens(io.StringIO(source).readline):
-            if tok.type != tokenize.COMMENT:
-                continue
-            row = lines[tok.start[0] - 1]
-            m = re.match(r"\s+(\w+)\s*:", row)
-            if m and row.strip() and not row.strip().startswith("#"):
-                docs[m.group(1)] = tok.string.lstrip("#").strip()
-    return docs
-
-
-def describe(cls: type, prefix: str = "") -> list[str]:
-    """One line per key: `key (type, default value): doc`, nested sections flattened with dots."""
-    hints = typing.get_type_hints(cls, include_extras=True)
-    docs = field_docs(cls)
-    defaults = cls()
-    out = []
-    for f in dataclasses.fields(cls):
-        if not f.init:
-            continue
-        key = f"{prefix}{f.name}"
-        tp = hints[f.name]
-        if dataclasses.is_dataclass(tp):
-            out.extend(describe(tp, key + "."))
-            continue
-        rng = [e for e in get_args(tp)[1:] if isinstance(e, Range)] if get_origin(tp) is Annotated else []
-        kind = _type_name(tp) + (f" {rng[0]}" if rng and (rng[0].lo is not None or rng[0].hi is not None) else "")
-        default = to_dict(getattr(defaults, f.name)) if dataclasses.is_dataclass(getattr(defaults, f.name)) \
-            else getattr(defaults, f.name)
-        default = list(default) if isinstance(default, tuple) else default
-        doc = docs.get(f.name, "")
-        out.append(f"  {key} ({kind}, default {default!r})" + (f": {doc}" if doc else ""))
-    return out

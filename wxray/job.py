@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from wxray.config import OutDir, describe, dump_yaml, flatten, load_config, path_keys, resolve_paths, to_dict
+from wxray.config import OutDir, dump_yaml, flatten, load_config, path_keys, resolve_paths, to_dict
+from wxray.config_help import describe
 from wxray.errors import WxrayError
 from wxray.io import check_writable, home, resolve_path, under_job_submission, write_json, write_text
 from wxray.tracking import Tracker, TrackingConfig
