@@ -72,3 +72,24 @@ def test_ssim_identity_noise_and_periodic_longitude():
     noisy = smooth + 0.3 * _fields(rng, n_init=2)
     rolled = ssim(noisy.roll(longitude=7), smooth.roll(longitude=7))
     np.testing.assert_allclose(rolled.values, ssim(noisy, smooth).values, rtol=1e-10)
+
+
+def test_ssim_on_a_regional_grid_does_not_wrap_longitude():
+    """A regional box's west and east edges are not neighbours: what lies at the east edge must not reach
+    the SSIM window at the west edge, while on a global grid the window wraps (no seam at 0 E)."""
+    rng = np.random.default_rng(3)
+    truth = _fields(rng, n_init=2).rolling(longitude=3, center=True, min_periods=1).mean()
+    forecast = truth + 0.3 * _fields(rng, n_init=2)
+    box_t, box_f = truth.isel(longitude=slice(0, 16)), forecast.isel(longitude=slice(0, 16))  # 0..168.75 E
+    west = xr.zeros_like(box_t.isel(init_time=0), dtype=bool)
+    west[:, :4] = True  # the 4 westmost columns: more than the window's reach (5 cells) from the east edge
+    changed = box_f.copy()
+    changed[..., -1] += 50.0  # a large change in the eastmost column only
+    np.testing.assert_allclose(ssim(changed, box_t, region=west).values, ssim(box_f, box_t, region=west).values,
+                               rtol=1e-12)
+    whole = forecast.copy()
+    whole[..., -1] += 50.0  # on the global grid the eastmost column is the westmost one's neighbour
+    west_global = xr.zeros_like(truth.isel(init_time=0), dtype=bool)
+    west_global[:, :4] = True
+    assert np.all(np.abs(ssim(whole, truth, region=west_global).values
+                         - ssim(forecast, truth, region=west_global).values) > 1e-3)

@@ -13,7 +13,7 @@ import numpy as np
 import xarray as xr
 from scipy.ndimage import gaussian_filter
 
-from wxray.data.schema import LAT, LON
+from wxray.data.schema import GLOBAL, LAT, LON, grid_kind
 from wxray.errors import DataError
 from wxray.verify.spatial import Region, spatial_mean
 
@@ -81,11 +81,15 @@ def acc(forecast: xr.DataArray, truth: xr.DataArray, climatology: xr.DataArray,
     return (num / den).rename("acc")
 
 
-def _ssim_map(x: np.ndarray, y: np.ndarray, sigma: float, k1: float, k2: float) -> np.ndarray:
+def _ssim_map(x: np.ndarray, y: np.ndarray, sigma: float, k1: float, k2: float,
+              periodic: bool = True) -> np.ndarray:
     # Gaussian window of Wang et al. (2004) (sigma 1.5 cells, 11x11 support); latitude edges are
-    # clamped, longitude is periodic so a global field has no seam at 0 degrees.
+    # clamped; longitude is periodic on a global grid (no seam at 0 degrees) and clamped like latitude
+    # on a regional one, whose west and east edges are not neighbours.
+    mode = ("nearest", "wrap" if periodic else "nearest")
+
     def smooth(a: np.ndarray) -> np.ndarray:
-        return gaussian_filter(a, sigma=sigma, mode=("nearest", "wrap"), truncate=3.5, axes=(-2, -1))
+        return gaussian_filter(a, sigma=sigma, mode=mode, truncate=3.5, axes=(-2, -1))
 
     data_range = np.nanmax(y, axis=(-2, -1), keepdims=True) - np.nanmin(y, axis=(-2, -1), keepdims=True)
     data_range = np.where(data_range > 0, data_range, 1.0)
@@ -103,11 +107,14 @@ def ssim(forecast: xr.DataArray, truth: xr.DataArray, region: RegionLike = None,
 
     The dynamic range L of the constants C1=(k1 L)^2, C2=(k2 L)^2 is the truth field's own range, as
     physical fields have no fixed range like 8-bit images. Near a missing point the window is NaN.
+    The window wraps around in longitude only on a global grid (`wxray.data.schema.grid_kind`).
     """
     # The filter needs whole fields in memory; callers hand in one lead at a time.
     f, t = (a.compute() for a in xr.broadcast(*_paired(forecast, truth, skipna)))
+    periodic = LON not in t.coords or grid_kind(t[LON].values) == GLOBAL
     smap = xr.apply_ufunc(
-        _ssim_map, f.astype(np.float64), t.astype(np.float64), kwargs={"sigma": sigma, "k1": k1, "k2": k2},
+        _ssim_map, f.astype(np.float64), t.astype(np.float64),
+        kwargs={"sigma": sigma, "k1": k1, "k2": k2, "periodic": periodic},
         input_core_dims=[[LAT, LON], [LAT, LON]], output_core_dims=[[LAT, LON]], dask="forbidden",
     )
     return spatial_mean(smap, region, skipna).rename("ssim")
