@@ -134,3 +134,31 @@ def test_bad_config(run_prepare, tmp_path, arg, needle):
     out = tmp_path / "x.zarr"
     run = run_prepare(f"source={MEMBERS}", f"out={out}", arg)
     assert_failed_cleanly(run, out, needle)
+
+
+def test_levels_asked_of_data_without_levels_is_refused_alike(run_prepare, tmp_path):
+    """levels=[500] on surface-only data: prepare_data (normalize.select) and training (schema.channels via
+    make_spec, data.levels) refuse it with the same words, naming the source and what exists."""
+    from wxray.data.schema import channels, open_store
+    from wxray.errors import DataError
+    from wxray.platform.windows import WindowConfig, make_spec
+
+    path = tmp_path / "surface.nc"
+    synthetic(n_times=6)[["t2m"]].to_netcdf(path)
+    out = tmp_path / "s.zarr"
+    run = run_prepare(f"source={path}", f"out={out}", "levels=[500]")
+    words = "levels=[500] asked for but no requested variable has pressure levels"
+    assert_failed_cleanly(run, out, str(path), words)
+    run = run_prepare(f"source={path}", f"out={out}")
+    assert run.rc == 0, run.err
+    with pytest.raises(DataError) as e:
+        make_spec(str(out), open_store(out), open_stats(out), WindowConfig(levels=[500]))
+    msg = str(e.value)
+    assert msg.startswith(f"store {out}: {words}") and "(with levels: none; without: 2m_temperature)" in msg
+    assert len(msg.splitlines()) == 1
+    mixed = synthetic(n_times=2, short=False).rename(lat="latitude", lon="longitude")
+    with pytest.raises(DataError, match=r"store x: levels=\[500\] asked .* \(with levels: geopotential, "
+                                        r"temperature; without: 2m_temperature\)"):
+        channels(mixed, ["2m_temperature"], [500], source="store x")
+    assert [c.name for c in channels(mixed, ["2m_temperature", "temperature"], [500])] == [
+        "2m_temperature", "temperature_500"]

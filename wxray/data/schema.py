@@ -146,11 +146,20 @@ class Channel:
 
 def channels(ds: xr.Dataset, variables: list[str] | tuple[str, ...], levels: list[int] | tuple[int, ...] = (),
              source: str = "store") -> list[Channel]:
-    """Expand variables x levels into channels, checking that each exists in `ds`."""
+    """Expand variables x levels into channels, checking that each exists in `ds`.
+
+    `levels` asked for when no requested variable has a level dim is an error (as in prepare_data's
+    `wxray.data.normalize.select`), not silently ignored."""
     out: list[Channel] = []
     for v in variables:
         if v not in ds.data_vars:
             raise DataError(f"{source}: variable '{v}' not found (has: {', '.join(map(str, ds.data_vars))})")
+    if levels and variables and not any(LEVEL in ds[v].dims for v in variables):
+        on = [str(v) for v in ds.data_vars if LEVEL in ds[v].dims]
+        off = [str(v) for v in ds.data_vars if LEVEL not in ds[v].dims]
+        raise DataError(f"{source}: levels={list(levels)} asked for but no requested variable has pressure "
+                        f"levels (with levels: {', '.join(on) or 'none'}; without: {', '.join(off) or 'none'})")
+    for v in variables:
         if LEVEL in ds[v].dims:
             have = [int(x) for x in ds[LEVEL].values]
             wanted = list(levels) or have
