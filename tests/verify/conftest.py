@@ -45,7 +45,8 @@ def smooth_fields(rng: np.random.Generator, n_time: int, nlat: int = 16, nlon: i
 
 def make_store(path: Path, days: int = 6, step_h: int = 6, nlat: int = 16, nlon: int = 32,
                seed: int = 0) -> Path:
-    """A store with geopotential (time, level, lat, lon), 2m_temperature and a land-sea mask."""
+    """A store with geopotential (time, level, lat, lon), 2m_temperature and a land-sea mask, each with
+    its `units` attribute as ERA5 stores carry it."""
     rng = np.random.default_rng(seed)
     times = pd.date_range("2020-01-01", periods=days * 24 // step_h, freq=f"{step_h}h")
     lat = np.linspace(-90 + 90 / nlat, 90 - 90 / nlat, nlat)
@@ -56,9 +57,10 @@ def make_store(path: Path, days: int = 6, step_h: int = 6, nlat: int = 16, nlon:
     t2m = 280.0 + 8.0 * smooth_fields(rng, nt, nlat, nlon)
     coords = {"time": times, "level": np.array(LEVELS, dtype=np.int64), "latitude": lat, "longitude": lon}
     ds = xr.Dataset({
-        "geopotential": (("time", "level", "latitude", "longitude"), z.astype(np.float32)),
-        "2m_temperature": (("time", "latitude", "longitude"), t2m.astype(np.float32)),
-        "land_sea_mask": (("latitude", "longitude"), (rng.random((nlat, nlon)) > 0.6).astype(np.float32)),
+        "geopotential": (("time", "level", "latitude", "longitude"), z.astype(np.float32), {"units": "m**2 s**-2"}),
+        "2m_temperature": (("time", "latitude", "longitude"), t2m.astype(np.float32), {"units": "K"}),
+        "land_sea_mask": (("latitude", "longitude"), (rng.random((nlat, nlon)) > 0.6).astype(np.float32),
+                          {"units": "(0 - 1)"}),
     }, coords=coords)
     encoding = {v: {"chunks": (1, *ds[v].shape[1:])} for v in ("geopotential", "2m_temperature")}
     ds.to_zarr(path, mode="w", zarr_format=3, consolidated=False, encoding=encoding)

@@ -4,6 +4,7 @@ longitude convention of truth, forecast and baseline; a regional truth crossing 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -110,3 +111,32 @@ def test_regional_truth_crossing_greenwich_scores_like_the_global_one(canonical,
     _same_scores(got, want, metrics)
     whole = _card([f"forecast={f_box}", f"truth={truth}"], tmp_path / "c", capsys)  # the whole box
     assert np.isfinite(whole["value"].values).all()
+
+
+def test_cropped_forecast_is_scored_on_its_truth_points(canonical, tmp_path, capsys):
+    """A forecast on a block of the truth grid (a model grid cropped to fit its patches: here the southmost
+    row and three columns dropped) is scored on those truth points, not refused and not interpolated: the
+    same scores as against a truth cut to that block. A baseline on the full grid is cut to it too."""
+    ds = open_store(canonical).load()
+    crop = {"latitude": slice(1, None), "longitude": slice(1, -2)}
+    fc = persistence_forecast(ds, ds.time.values[:12], [6, 24])
+    cropped = fc.isel(crop) + 0.01 * fc.isel(crop).latitude  # not persistence itself: a nonzero difference
+    f_crop = _write(cropped, tmp_path / "crop.zarr")
+    b_full = _write(persistence_forecast(ds, ds.time.values[2:14], [6, 24]).assign_coords(init_time=fc.init_time),
+                    tmp_path / "base.zarr")
+    truth_crop = write_raw_store(ds.isel(crop), tmp_path / "truth_crop.zarr")  # stats of the block, same climatology
+    for baseline in ("persistence", b_full):
+        argv = [f"forecast={f_crop}", f"baseline={baseline}"]
+        got = _card([*argv, f"truth={canonical}"], tmp_path / "a", capsys)
+        want = _card([*argv, f"truth={truth_crop}"], tmp_path / "b", capsys)
+        assert "acc" in got.metric.values and got.sizes["latitude"] == 15 and got.sizes["longitude"] == 29
+        _same_scores(got, want)
+        np.testing.assert_allclose(got["rel_diff"].values, want["rel_diff"].values, rtol=1e-9)
+        np.testing.assert_array_equal(got.latitude.values, ds.latitude.values[1:])
+        for d in ("a", "b"):
+            shutil.rmtree(tmp_path / d)
+    # Every other point is a coarser grid, not a crop: still an error without regrid=true.
+    coarse = _write(fc.isel(latitude=slice(None, None, 2)), tmp_path / "coarse.zarr")
+    rc, result, err = _run([f"forecast={coarse}", f"truth={canonical}", f"out_dir={tmp_path / 'c'}",
+                            "tracking.enabled=false"], capsys)
+    assert rc == 2 and "grid 8x32 differs from the truth grid 16x32" in err

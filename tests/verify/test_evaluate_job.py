@@ -13,6 +13,7 @@ import pandas as pd
 import pytest
 import xarray as xr
 
+from tests.fixture_files import ERA5_CORRUPTED
 from tests.verify.conftest import ERA5_MEMBERS, make_store, nested_forecast
 from wxray.data.schema import open_store
 from wxray.job import run_job
@@ -66,6 +67,11 @@ def test_persistence_scorecard_plots_mlflow_and_result(store_path, tmp_path, cap
     np.testing.assert_allclose(value.sel(metric="crps"), value.sel(metric="mae"), rtol=1e-12)
     assert bool((card["ci_lower"] <= value).all() & (value <= card["ci_upper"]).all())
     assert int(card["block_length"].min()) >= 1 and "rank_histogram" not in card
+    # A one-member forecast's CRPS map is its MAE map, named so; units come from the store's attributes.
+    assert "mae_map" in card and "crps_map" not in card and "spread_map" not in card
+    assert dict(zip(card["channel"].values, card["units"].values)) == {
+        "2m_temperature": "K", "geopotential_500": "m**2 s**-2", "geopotential_850": "m**2 s**-2"}
+    assert result["units"]["geopotential_500"] == "m**2 s**-2"
     # The scorecard's RMSE is the independent library path: sqrt of the time-mean latitude-weighted MSE.
     ds = open_store(store_path)
     fc = xr.open_zarr(forecast, consolidated=False)
@@ -81,6 +87,8 @@ def test_persistence_scorecard_plots_mlflow_and_result(store_path, tmp_path, cap
 
     client = MlflowClient(tracking_uri=uri)
     run_id = result["mlflow_run_id"]
+    # tracking.experiment is "": the job runner takes EvaluateConfig.experiment.
+    assert client.get_experiment(client.get_run(run_id).info.experiment_id).name == "wxray-evaluate"
     history = client.get_metric_history(run_id, "rmse.geopotential_500")
     assert sorted(m.step for m in history) == [6, 24]
     artifacts = {a.path for a in client.list_artifacts(run_id)}
@@ -109,11 +117,37 @@ def test_nested_ensemble_against_persistence_baseline(store_path, tmp_path, caps
     k, m, sb2, sw2 = 12, 3, 0.25, 1.0
     expected = np.sqrt((k + 1) / k) * np.sqrt((sb2 + sw2) / (sb2 * (1 + 1 / m) + sw2 * (1 + 1 / k)))
     np.testing.assert_allclose(v.sel(metric="ssr_total"), expected, atol=0.08)
+    # The default (fixed-b) comparison: the ensemble beats persistence at 24 h in every channel, and a cell
+    # is flagged exactly when its Diebold-Mariano p-value is below the level; with 16 strongly
+    # autocorrelated initialisations some cells are not significant, and RESULT counts what is flagged.
+    assert card.attrs["significance_method"] == "fixed-b"
     day = np.timedelta64(24, "h")
+    compared = card["significant"].notnull()
+    np.testing.assert_array_equal(card["significant"].where(compared, 0),
+                                  (card["dm_p_value"] < 0.05).where(compared, False))
     for metric in ("rmse", "crps"):
-        sel = card.sel(metric=metric, lead_time=day)
+        assert bool((card.sel(metric=metric, lead_time=day)["rel_diff"] < 0).all())
+    better = (card["significant"] == 1) & xr.where(card["higher_is_better"] == 1, card["rel_diff"] > 0,
+                                                   card["rel_diff"] < 0)
+    assert result["n_significant_better"] == int(better.sum())
+    # The paper's procedure (Wilks block bootstrap + HLN DM) on the same inputs finds every channel
+    # significantly better at 24 h; it is liberal on short autocorrelated series, the default is more
+    # conservative: no cell significant under fixed-b that is not under the paper method, and p-values
+    # no smaller (see wxray/verify/inference.py for the measured sizes).
+    rc, paper_result, err = _run([f"forecast={forecast}", f"truth={store_path}", "baseline=persistence",
+                                  f"out_dir={tmp_path / 'paper'}", "tracking.enabled=false", "n_bootstrap=300",
+                                  "significance_method=paper", "plots=false"], capsys)
+    assert rc == 0, err
+    paper = xr.open_dataset(tmp_path / "paper" / "scorecard.nc").load()
+    np.testing.assert_allclose(paper["value"], card["value"], rtol=1e-12)  # same scores, other statistics
+    for metric in ("rmse", "crps"):
+        sel = paper.sel(metric=metric, lead_time=day)
         assert bool((sel["rel_diff"] < 0).all()) and bool((sel["significant"] == 1).all())
         assert bool((sel["rel_ci_upper"] < 0).all())
+    assert not bool(((card["significant"] == 1) & (paper["significant"] == 0)).any())
+    p_fixed, p_paper = card["dm_p_value"].values, paper["dm_p_value"].values
+    assert np.all(p_fixed[np.isfinite(p_fixed)] >= p_paper[np.isfinite(p_fixed)])
+    assert paper_result["n_significant_better"] >= result["n_significant_better"]
     hist = card["rank_histogram"]
     assert hist.sizes["rank"] == 13
     np.testing.assert_allclose(hist.sum("rank"), 1.0)
@@ -172,7 +206,10 @@ BAD_FORECASTS = [
     (_nested(1, 3), [], "need at least 2 groups for the ANOVA split"),
     (_nested(3, 1), [], "need at least 2 replicates for the ANOVA split"),
     (_with_nan, [], "'2m_temperature' lead 24 h: 1 NaN values in forecast or truth (set skipna=true"),
-    (lambda ds: ds.isel(init_time=slice(0, 3)), [], "3 initialisations are too few for the block bootstrap"),
+    (lambda ds: ds.isel(init_time=slice(0, 3)), [], "3 initialisations are too few for the HAC variance (need "
+     "at least 4)"),
+    (lambda ds: ds.isel(init_time=slice(0, 3)), ["significance_method=paper"],
+     "3 initialisations are too few for the block bootstrap"),
     (lambda ds: ds, ["variables=[vorticity]"], "variable 'vorticity' not found"),
     (lambda ds: ds, ["n_bootstrap=10"], "config key 'n_bootstrap' must be >= 100, got 10"),
     (lambda ds: ds, ["truth_member=first"], "config key 'truth_member'"),
@@ -201,7 +238,60 @@ def test_lead_without_truth_and_missing_forecast(store_path, tmp_path, capsys):
     assert rc == 2 and "no truth at lead 24 h for 4 of 8 initialisations" in err and late in err
     rc, _, err = _run([f"forecast={tmp_path / 'nope.zarr'}", f"truth={store_path}", f"out_dir={tmp_path / 'b'}",
                        "tracking.enabled=false"], capsys)
-    assert rc == 2 and "nope.zarr does not exist" in err
+    assert rc == 2 and f"error: forecast {tmp_path / 'nope.zarr'} does not exist" in err
+    forecast = _persistence(store_path, tmp_path, n_init=8, leads=(6,))
+    rc, _, err = _run([f"forecast={forecast}", f"truth={store_path}", f"baseline={tmp_path / 'gone.zarr'}",
+                       f"out_dir={tmp_path / 'c'}", "tracking.enabled=false"], capsys)
+    assert rc == 2 and err.strip() == f"error: baseline {tmp_path / 'gone.zarr'} does not exist", err
+    assert not any((tmp_path / d).exists() for d in ("a", "b", "c"))
+
+
+@pytest.mark.parametrize("role", ["truth", "forecast"])
+def test_corrupted_grib_is_the_data_pipelines_one_line_error(store_path, tmp_path, capsys, role):
+    """The same reader as prepare_data (wxray.data.sources): a truncated GRIB file is reported as corrupt,
+    not as a cfgrib traceback or a missing 'time' dimension."""
+    from wxray.data.sources import check_grib
+    from wxray.errors import DataError
+
+    with pytest.raises(DataError) as e:
+        check_grib(str(ERA5_CORRUPTED))
+    assert "corrupt or truncated GRIB file" in str(e.value)
+    other = {"truth": f"forecast={_persistence(store_path, tmp_path, n_init=8, leads=(6,))}",
+             "forecast": f"truth={store_path}"}[role]
+    out_dir = tmp_path / "run"
+    rc, result, err = _run([f"{role}={ERA5_CORRUPTED}", other, f"out_dir={out_dir}", "tracking.enabled=false"],
+                           capsys)
+    lines = err.strip().splitlines()
+    assert rc == 2 and result is None and len(lines) == 1 and "Traceback" not in err, err
+    assert lines[0] == f"error: {role} {e.value}"
+    assert not out_dir.exists()
+
+
+def test_corrupted_grib_truth_through_the_script(store_path, tmp_path):
+    forecast = _persistence(store_path, tmp_path, n_init=8, leads=(6,))
+    out_dir = tmp_path / "run"
+    proc = subprocess.run([sys.executable, str(ROOT / "jobs" / "evaluate.py"), f"forecast={forecast}",
+                           f"truth={ERA5_CORRUPTED}", f"out_dir={out_dir}", "tracking.enabled=false"],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and len(lines) == 1, proc.stderr
+    assert lines[0].startswith(f"error: truth {ERA5_CORRUPTED}: corrupt or truncated GRIB file")
+    assert not out_dir.exists()
+
+
+def test_levels_on_a_forecast_without_levels_is_an_error(store_path, tmp_path, capsys):
+    ds = open_store(store_path)
+    surface = _write(persistence_forecast(ds, ds.time.values[:8], [6], ["2m_temperature"]), tmp_path / "s.zarr")
+    rc, result, err = _run([f"forecast={surface}", f"truth={store_path}", "levels=[500]",
+                            f"out_dir={tmp_path / 'a'}", "tracking.enabled=false"], capsys)
+    lines = err.strip().splitlines()
+    assert rc == 2 and result is None and len(lines) == 1, err
+    assert lines[0] == (f"error: forecast {surface}: levels=[500] asked for but no requested variable has "
+                        "pressure levels (with levels: none; without: 2m_temperature)")
+    both = _persistence(store_path, tmp_path, n_init=8, leads=(6,))
+    rc, result, err = _run([f"forecast={both}", f"truth={store_path}", "levels=[500]", "variables=[2m_temperature]",
+                            f"out_dir={tmp_path / 'b'}", "tracking.enabled=false"], capsys)
+    assert rc == 2 and "(with levels: geopotential; without: 2m_temperature)" in err, err
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
 
 

@@ -127,7 +127,8 @@ def check_grib(path: str, timeout_s: float = 600.0) -> int:
     return n
 
 
-def open_grib(path: str) -> list[xr.Dataset]:
+def open_grib(path: str, **open_kwargs) -> list[xr.Dataset]:
+    """Every hypercube of a GRIB file, after `check_grib`; `open_kwargs` go to xarray (e.g. decode_timedelta)."""
     check_grib(path)
     try:
         import cfgrib
@@ -137,7 +138,7 @@ def open_grib(path: str) -> list[xr.Dataset]:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             dss = cfgrib.open_datasets(str(path), backend_kwargs={"indexpath": "", "errors": "raise"},
-                                       cache=False)
+                                       cache=False, **open_kwargs)
     except Exception as e:  # cfgrib / ecCodes raise many types for a bad file
         raise DataError(f"{path}: cannot read GRIB file ({first_line(e)})") from None
     if not dss:
@@ -145,11 +146,11 @@ def open_grib(path: str) -> list[xr.Dataset]:
     return dss
 
 
-def open_netcdf(path: str) -> xr.Dataset:
+def open_netcdf(path: str, **open_kwargs) -> xr.Dataset:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # e.g. "non-conforming _FillValue" of packed netCDF3
-            return xr.open_dataset(path, cache=False, chunks=None)
+            return xr.open_dataset(path, cache=False, chunks=None, **open_kwargs)
     except Exception as e:
         raise DataError(f"{path}: cannot read NetCDF file ({first_line(e)})") from None
 

@@ -3,6 +3,13 @@
     python jobs/evaluate.py forecast=fc.zarr truth=store.zarr [baseline=other.zarr|persistence] \
         [variables=[geopotential]] [levels=[500]] [regrid=true] [skipna=true] [n_bootstrap=5000]
 
+Outputs in the run directory: scorecard.nc (layout in `wxray.verify.scorecard`), scorecard.csv (one row per
+channel x lead x metric), plots/*.png (`wxray.verify.plots`: score vs lead, WeatherBench-2-style heatmaps
+scorecard_<metric>.png against a baseline, spread-skill, rank histograms, maps) and the RESULT line
+(`headline`: scores, baseline scores and rel_diff = forecast / baseline - 1 at the first and last lead).
+Channels come in the configured order, else sorted. A forecast on a block of the truth grid (cropped to fit
+a model) is scored on those truth points; baseline and climatology are cut to them too.
+
 Everything is scored before anything is written, and each output is written atomically, so a bad
 input leaves no partial scorecard behind.
 """
@@ -18,7 +25,7 @@ import pandas as pd
 import xarray as xr
 
 from wxray.config import InPath, NonNegInt, PathKey, PosInt, Range, Seed
-from wxray.data.schema import TIME, channels
+from wxray.data.schema import LON, TIME, channels, longitude_convention
 from wxray.errors import ConfigError, DataError
 from wxray.io import atomic_path
 from wxray.job import JobConfig, JobContext
@@ -26,15 +33,17 @@ from wxray.verify.forecasts import (
     INIT,
     LEAD,
     check_grid,
+    crop_to,
     drop_member,
     open_forecast,
     open_truth,
+    orient,
     persistence_forecast,
     same_grid,
     truth_at,
 )
 from wxray.verify.plots import write_plots
-from wxray.verify.scorecard import Model, build_scorecard, scorecard_table
+from wxray.verify.scorecard import REL_DIFF_CONVENTION, Model, build_scorecard, scorecard_table
 from wxray.verify.spatial import REGIONS
 
 HEADLINE_METRICS = ("rmse", "crps", "ssr", "acc")
@@ -86,6 +95,18 @@ def _prepare(ds: xr.Dataset, truth: xr.Dataset, name: str, regrid: bool) -> xr.D
     return check_grid(ds, truth, name, regrid)
 
 
+def _crop_truth(truth: xr.Dataset, climatology: xr.Dataset | None, grid: xr.Dataset, what: str):
+    """Truth and climatology on the points of a forecast grid cut out of the truth grid (index selections),
+    oriented again (a box cut across 0 E goes to (-180, 180], as its own store would be)."""
+    truth = crop_to(truth, grid, what)
+    if climatology is not None:
+        climatology = crop_to(climatology, truth, f"{what} stats/climatology")
+    truth = orient(truth, what)
+    if climatology is not None:
+        climatology = orient(climatology, f"{what} stats/climatology", longitude_convention(truth[LON].values))
+    return truth, climatology
+
+
 def _same_file(a: str, b: str) -> bool:
     return bool(a) and Path(a).resolve() == Path(b).resolve()
 
@@ -116,7 +137,11 @@ def load_inputs(cfg: EvaluateConfig):
             data = drop_member(data, cfg.truth_member)  # score against a held-out member, not itself
         forecast = Model(f"forecast {cfg.forecast}", data)
     forecast.data = _prepare(forecast.data, truth, forecast.name, cfg.regrid)
-    names = cfg.variables or [v for v in forecast.data.data_vars if v in truth.data_vars]
+    if not same_grid(forecast.data, truth):  # a cropped forecast: scored on the truth's points it has
+        truth, climatology = _crop_truth(truth, climatology, forecast.data, f"truth {cfg.truth}")
+        forecast.data = check_grid(forecast.data, truth, forecast.name, False)
+    # Configured order, else sorted: a store does not promise an order of its variables (stable panels)
+    names = cfg.variables or sorted(str(v) for v in forecast.data.data_vars if v in truth.data_vars)
     if not names:
         raise DataError(f"{forecast.name}: no variable in common with truth {cfg.truth} "
                         f"(forecast has {', '.join(map(str, forecast.data.data_vars))})")
@@ -131,7 +156,7 @@ def load_inputs(cfg: EvaluateConfig):
     if cfg.baseline == "persistence":
         baseline = Model("baseline persistence", persistence_forecast(truth, inits, leads, names))
     elif cfg.baseline:
-        baseline = Model(f"baseline {cfg.baseline}", open_forecast(cfg.baseline))
+        baseline = Model(f"baseline {cfg.baseline}", open_forecast(cfg.baseline, "baseline"))
         baseline.data = _prepare(baseline.data, truth, baseline.name, cfg.regrid)
         channels(baseline.data, names, cfg.levels, source=baseline.name)
         for dim, wanted in ((INIT, inits), (LEAD, leads)):
@@ -144,22 +169,31 @@ def load_inputs(cfg: EvaluateConfig):
 
 
 def headline(card: xr.Dataset) -> dict[str, Any]:
-    """RESULT figures: the main scores at the first and last lead, and the comparison counts."""
+    """RESULT figures: the main scores at the first and last lead (`<metric>.<channel>.<lead>h`), with a
+    baseline its scores (`baseline.<metric>...`) and relative differences (`rel_diff.<metric>...`, sign
+    convention in `rel_diff_convention`), the mean relative difference and the comparison counts."""
     hours = card[LEAD].values / np.timedelta64(1, "h")
     out: dict[str, Any] = {"n_channels": card.sizes["channel"], "leads_h": [float(h) for h in hours],
                            "n_init": int(card["n_init"].min()), "nan_points": int(card["nan_points"].sum())}
     out["n_members"] = int(card.attrs["n_members"])
+    if "units" in card.coords:
+        out["units"] = {str(ch): str(u) for ch, u in zip(card["channel"].values, card["units"].values)}
+    compared = "significant" in card
+    fields = [("", "value")] + ([("baseline.", "baseline_value"), ("rel_diff.", "rel_diff")] if compared else [])
     for metric in HEADLINE_METRICS:
         if metric not in card["metric"].values:
             continue
-        for ch in card["channel"].values:
-            for j in sorted({0, len(hours) - 1}):
-                v = float(card["value"].sel(channel=ch, metric=metric).isel({LEAD: j}))
-                if np.isfinite(v):
-                    out[f"{metric}.{ch}.{hours[j]:g}h"] = v
-    if "significant" in card:
+        for prefix, name in fields:
+            for ch in card["channel"].values:
+                for j in sorted({0, len(hours) - 1}):
+                    v = float(card[name].sel(channel=ch, metric=metric).isel({LEAD: j}))
+                    if np.isfinite(v):
+                        out[f"{prefix}{metric}.{ch}.{hours[j]:g}h"] = v
+    if compared:
         sig, rel = card["significant"], card["rel_diff"]
         better = xr.where(card["higher_is_better"] == 1, rel > 0, rel < 0)
+        out["baseline"] = str(card.attrs.get("baseline", ""))
+        out["rel_diff_convention"] = REL_DIFF_CONVENTION
         out["n_compared"] = int(np.isfinite(sig).sum())
         out["n_significant_better"] = int(((sig == 1) & better).sum())
         out["n_significant_worse"] = int(((sig == 1) & ~better).sum())

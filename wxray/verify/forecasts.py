@@ -10,8 +10,10 @@ the truth's `stats/climatology` may come in either latitude order and either lon
 latitude ascending; longitude ascending in the store convention (`wxray.data.schema.canonical_longitudes`:
 [0, 360) for a global grid, a regional box contiguous, in (-180, 180] when it crosses 0 E). The forecast
 and baseline are then put in the truth's longitude convention (`check_grid`), so a forecast in [0, 360)
-and a truth in [-180, 180) on the same points match; a genuinely different grid is an error, or is
-interpolated with regrid=true (periodically in longitude only for a global source grid).
+and a truth in [-180, 180) on the same points match. A forecast on a block of the truth's points (a grid
+cropped to fit a model, `wxray.platform.gridfit`) is scored on those truth points, without interpolation;
+a genuinely different grid is an error, or is interpolated with regrid=true (periodically in longitude
+only for a global source grid).
 """
 
 from __future__ import annotations
@@ -39,12 +41,11 @@ from wxray.data.schema import (
     longitude_convention,
     wrap_longitudes,
 )
+from wxray.data.sources import detect_kind, open_grib, open_netcdf
 from wxray.errors import DataError
 from wxray.verify.ensemble import MEMBER, MEMBER_DIMS
 
 INIT, LEAD = "init_time", "lead_time"
-GRIB_SUFFIXES = (".grib", ".grb", ".grib1", ".grib2", ".grb2")
-NETCDF_SUFFIXES = (".nc", ".nc4", ".netcdf", ".cdf")
 # ERA5 ensemble files number their members; cfgrib calls the forecast step `step`.
 EXTRA_ALIASES = {"number": MEMBER, "ensemble_member": MEMBER, "realization": MEMBER, "step": LEAD}
 
@@ -54,21 +55,36 @@ def _first_line(e: Exception) -> str:
 
 
 def open_any(path: str | Path, what: str) -> xr.Dataset:
-    """Open a zarr directory, a netCDF or a GRIB file (GRIB without writing an index beside it)."""
+    """Open a zarr directory, or a GRIB/netCDF file through the data pipeline's reader
+    (`wxray.data.sources`: a GRIB file is scanned message by message first, so a corrupt or truncated
+    one is the same one-line DataError as in prepare_data, prefixed with `what`)."""
     p = Path(path)
     if not p.exists():
         raise DataError(f"{what} {p} does not exist")
-    try:
-        if p.is_dir():
+    if p.is_dir():
+        try:
             return xr.open_zarr(p, consolidated=False)
-        if p.suffix.lower() in GRIB_SUFFIXES:
-            return xr.open_dataset(p, engine="cfgrib", backend_kwargs={"indexpath": ""},
-                                   decode_timedelta=True)
-        if p.suffix.lower() in NETCDF_SUFFIXES:
-            return xr.open_dataset(p, decode_timedelta=True)
-    except Exception as e:  # the backends raise many types for a foreign or damaged file
-        raise DataError(f"{what} {p} cannot be read ({_first_line(e)})") from None
+        except Exception as e:  # the backend raises many types for a foreign or damaged store
+            raise DataError(f"{what} {p} cannot be read ({_first_line(e)})") from None
+    try:
+        kind = detect_kind(str(p))
+        if kind == "grib":
+            return _combine(open_grib(str(p), decode_timedelta=True), p)
+        if kind == "netcdf":
+            return open_netcdf(str(p), decode_timedelta=True)
+    except DataError as e:  # "source <p>: ..." or "<p>: ..." -> "<what> <p>: ..."
+        raise DataError(f"{what} {str(e).removeprefix('source ')}") from None
     raise DataError(f"{what} {p}: unknown format (expected a zarr directory, netCDF or GRIB file)")
+
+
+def _combine(parts: list[xr.Dataset], p: Path) -> xr.Dataset:
+    """A GRIB file's hypercubes (e.g. pressure-level and surface fields) as one dataset."""
+    if len(parts) == 1:
+        return parts[0]
+    try:
+        return xr.merge(parts, compat="override", join="outer", combine_attrs="drop_conflicts")
+    except Exception as e:
+        raise DataError(f"{p}: its {len(parts)} GRIB hypercubes cannot be combined ({_first_line(e)})") from None
 
 
 def _reorder(ds: xr.Dataset, dim: str, values: np.ndarray, what: str) -> xr.Dataset:
@@ -117,33 +133,34 @@ def normalise(ds: xr.Dataset, time_dim: str = TIME, what: str = "dataset",
     return ds.drop_vars(scalar)
 
 
-def to_forecast_convention(ds: xr.Dataset, source: str) -> xr.Dataset:
-    ds = normalise(ds, time_dim=INIT, what=f"forecast {source}")
+def to_forecast_convention(ds: xr.Dataset, source: str, what: str = "forecast") -> xr.Dataset:
+    """`what` (forecast or baseline) names the input in errors."""
+    ds = normalise(ds, time_dim=INIT, what=f"{what} {source}")
     if INIT not in ds.dims:
-        raise DataError(f"forecast {source}: no '{INIT}' dimension (dims: {', '.join(map(str, ds.dims))})")
+        raise DataError(f"{what} {source}: no '{INIT}' dimension (dims: {', '.join(map(str, ds.dims))})")
     if LEAD not in ds.dims:
         if LEAD in ds.coords and ds[LEAD].ndim == 0:  # an analysis or single-step file
             ds = ds.expand_dims(LEAD)
         else:
             dims = ", ".join(map(str, ds.dims))
-            raise DataError(f"forecast {source}: no '{LEAD}' dimension (dims: {dims})")
+            raise DataError(f"{what} {source}: no '{LEAD}' dimension (dims: {dims})")
     if not np.issubdtype(ds[LEAD].dtype, np.timedelta64):
-        raise DataError(f"forecast {source}: '{LEAD}' must be a timedelta, got {ds[LEAD].dtype}")
+        raise DataError(f"{what} {source}: '{LEAD}' must be a timedelta, got {ds[LEAD].dtype}")
     known = {INIT, LEAD, LEVEL, LAT, LON, *MEMBER_DIMS}
     for name, var in ds.data_vars.items():
         extra = [d for d in var.dims if d not in known]
         if extra:
-            raise DataError(f"forecast {source}: variable '{name}' has unknown dim(s) {extra} "
+            raise DataError(f"{what} {source}: variable '{name}' has unknown dim(s) {extra} "
                             f"(member dims must be named one of {', '.join(MEMBER_DIMS)})")
     for dim in (LAT, LON):
         if dim not in ds.dims:
-            raise DataError(f"forecast {source}: missing dimension '{dim}'")
+            raise DataError(f"{what} {source}: missing dimension '{dim}'")
     ds = ds.drop_vars([c for c in ds.coords if c not in ds.dims])
     return ds.transpose(*[d for d in (INIT, LEAD, *MEMBER_DIMS) if d in ds.dims], ..., LAT, LON)
 
 
-def open_forecast(path: str | Path) -> xr.Dataset:
-    return to_forecast_convention(open_any(path, "forecast"), str(path))
+def open_forecast(path: str | Path, what: str = "forecast") -> xr.Dataset:
+    return to_forecast_convention(open_any(path, what), str(path), what)
 
 
 def open_truth(path: str | Path, member: str = "") -> tuple[xr.Dataset, xr.Dataset | None]:
@@ -243,12 +260,55 @@ def _extent(ds: xr.Dataset) -> str:
     return f"latitude {lat[0]:g}..{lat[-1]:g}, longitude {lon[0]:g}..{lon[-1]:g}"
 
 
+def _positions(sub: np.ndarray, full: np.ndarray, tol: float = 1e-6) -> np.ndarray | None:
+    """Indices of the ascending axis `sub` in the ascending axis `full` when `sub` is a contiguous run of
+    `full`'s values (to `tol`); None otherwise (a coarser grid on every other point is not a crop)."""
+    sub, full = np.asarray(sub, dtype=np.float64), np.asarray(full, dtype=np.float64)
+    if sub.size == 0 or sub.size > full.size:
+        return None
+    i = np.searchsorted(full, sub)
+    lo, hi = np.clip(i - 1, 0, full.size - 1), np.clip(i, 0, full.size - 1)
+    j = np.where(np.abs(full[lo] - sub) <= np.abs(full[hi] - sub), lo, hi)
+    if not np.all(np.abs(full[j] - sub) <= tol) or np.any(np.diff(j) != 1):
+        return None
+    return j
+
+
+def subgrid(small: xr.Dataset | xr.DataArray, large: xr.Dataset | xr.DataArray) -> dict | None:
+    """{latitude: rows, longitude: columns} of `large` that are exactly the points of `small` (both oriented
+    in one longitude convention), or None when `small`'s grid is not a block cut out of `large`'s."""
+    idx = {d: _positions(small[d].values, large[d].values) for d in (LAT, LON)}
+    return None if any(v is None for v in idx.values()) else idx
+
+
+def crop_to(ds: xr.Dataset, grid: xr.Dataset | xr.DataArray, what: str) -> xr.Dataset:
+    """`ds` on the points of `grid`, a block of its grid (index selection, lazy), with `grid`'s coordinates."""
+    idx = subgrid(grid, ds)
+    if idx is None:
+        raise DataError(f"{what}: grid {ds.sizes[LAT]}x{ds.sizes[LON]} does not contain the points of the "
+                        f"{grid.sizes[LAT]}x{grid.sizes[LON]} grid to score ({_extent(grid)})")
+    return ds.isel(idx).assign_coords({LAT: grid[LAT].values, LON: grid[LON].values})
+
+
 def check_grid(forecast: xr.Dataset, truth: xr.Dataset, source: str, regrid: bool) -> xr.Dataset:
-    """The forecast on the truth's grid: oriented in the truth's longitude convention, then the same
-    points (the truth's coordinates taken over), or interpolated with `regrid`, or a DataError."""
+    """The forecast on the truth's points: oriented in the truth's longitude convention, then
+
+    * the same grid: the truth's coordinates taken over;
+    * a block of the truth grid (contiguous rows and columns, e.g. a model grid cropped to fit its
+      patches, wxray.platform.gridfit): kept with the truth's coordinate values; the caller scores it on
+      those truth points (`crop_to`);
+    * the truth grid a block of the forecast's (e.g. a baseline on the full grid when the truth was cropped
+      to the forecast's): the truth's points selected, no interpolation;
+    * otherwise interpolated with `regrid`, or a DataError.
+    """
     forecast = orient(forecast, source, longitude_convention(truth[LON].values))
     if same_grid(forecast, truth):
         return forecast.assign_coords({LAT: truth[LAT].values, LON: truth[LON].values})
+    inside = subgrid(forecast, truth)
+    if inside is not None:
+        return forecast.assign_coords({LAT: truth[LAT].values[inside[LAT]], LON: truth[LON].values[inside[LON]]})
+    if subgrid(truth, forecast) is not None:
+        return crop_to(forecast, truth, source)
     if not regrid:
         raise DataError(
             f"{source}: grid {forecast.sizes[LAT]}x{forecast.sizes[LON]} differs from the truth grid "

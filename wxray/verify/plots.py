@@ -1,8 +1,23 @@
 """Scorecard figures (PNG). Uses matplotlib's object API with the Agg canvas: no pyplot global state,
-no display needed, safe in worker processes."""
+no display needed, safe in worker processes.
+
+Every plotting function returns a `Figure`; `figures(ds)` yields them by file name and `write_plots` saves
+them. Conventions shared by all of them:
+
+* x axis "lead time [h]" with its ticks at the scored leads (at most `MAX_LEAD_TICKS`, every k-th lead);
+* y axis and colour bars "<SCORE> [<units>]" from the scorecard's `units` coordinate: scores in the
+  variable's units (RMSE, bias, MAE, CRPS, spread), squared units for variance parts (U_enc, U_drop),
+  none for dimensionless ones (ACC, SSIM, spread-skill ratio, dropout share);
+* legends name the forecast and the baseline (e.g. "baseline: persistence"); panels follow the scorecard's
+  channel order (as configured, else sorted); bias plots carry a zero line;
+* the heatmap (WeatherBench 2 scorecard): channels x leads, colour 100 * rel_diff = 100 (forecast /
+  baseline - 1) % on a diverging map centred at 0, blue where the forecast is better (lower RMSE/CRPS,
+  higher ACC/SSIM), the value written in each cell and a dot where the Diebold-Mariano test is significant.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +28,15 @@ from matplotlib.figure import Figure
 from wxray.data.schema import LAT, LON
 
 LEAD = "lead_time"
-MAX_LEADS_SHOWN = 4
+MAX_LEADS_SHOWN = 4  # leads shown in map and rank-histogram grids
+MAX_LEAD_TICKS = 12
+LINE_METRICS = ("rmse", "bias", "mae", "acc", "ssim", "crps", "spread", "rho_drop")
+HEATMAP_METRICS = ("rmse", "crps")  # CRPS only for an ensemble (a one-member CRPS is the MAE)
+NAMES = {"rmse": "RMSE", "bias": "bias (forecast - truth)", "mae": "MAE", "acc": "ACC", "ssim": "SSIM",
+         "crps": "CRPS", "crps_ecdf": "CRPS (ECDF)", "spread": "ensemble spread", "ssr": "spread-skill ratio",
+         "rho_drop": "dropout share of variance", "u_enc": "U_enc", "u_drop": "U_drop"}
+UNIT_POWER = {"rmse": 1, "bias": 1, "mae": 1, "crps": 1, "crps_ecdf": 1, "spread": 1, "u_enc": 2, "u_drop": 2}
+DOT = "significant (Diebold-Mariano, p < {:g})"
 
 
 def _figure(nrows: int, ncols: int, w: float = 4.0, h: float = 3.0):
@@ -37,7 +60,46 @@ def _shown_leads(ds: xr.Dataset) -> list[int]:
     return sorted(set(np.linspace(0, n - 1, min(n, MAX_LEADS_SHOWN)).round().astype(int).tolist()))
 
 
-def _line(ax, x, sel: xr.Dataset, prefix: str, label: str, color: str, significant=None) -> None:
+def _hide_unused(axes, used: int) -> None:
+    for ax in list(axes.flat)[used:]:
+        ax.set_visible(False)
+
+
+def units_of(ds: xr.Dataset, channel) -> str:
+    return str(ds["units"].sel(channel=channel).item()) if "units" in ds.coords else ""
+
+
+def _with_units(name: str, units: str, power: int) -> str:
+    if not units or power == 0:
+        return name
+    return f"{name} [{units if power == 1 else f'({units})**2'}]"
+
+
+def score_label(metric: str, units: str = "", one_member: bool = False) -> str:
+    """'RMSE [m**2 s**-2]'; no brackets for a dimensionless score or unknown units."""
+    name = "CRPS (= MAE, one member)" if metric == "crps" and one_member else NAMES.get(metric, metric)
+    return _with_units(name, units, UNIT_POWER.get(metric, 0))
+
+
+def _one_member(ds: xr.Dataset) -> bool:
+    return "spread" not in ds["metric"].values
+
+
+def model_label(ds: xr.Dataset, role: str) -> str:
+    """'forecast: fc.zarr', 'baseline: persistence' from the scorecard's attrs ('forecast' if unnamed)."""
+    name = str(ds.attrs.get(role, "")).removeprefix(f"{role} ").strip()
+    return f"{role}: {Path(name).name or name}" if name else role
+
+
+def _lead_axis(ax, hours: np.ndarray) -> None:
+    step = -(-len(hours) // MAX_LEAD_TICKS)
+    ticks = hours[::step]
+    ax.set_xticks(ticks, [f"{h:g}" for h in ticks])
+    ax.set_xlabel("lead time [h]")
+
+
+def _line(ax, x, sel: xr.Dataset, prefix: str, label: str, color: str, significant=None,
+          level: float = 0.05) -> None:
     y = sel[f"{prefix}value"].values
     lower, upper = sel[f"{prefix}ci_lower"].values, sel[f"{prefix}ci_upper"].values
     ax.fill_between(x, lower, upper, color=color, alpha=0.2)
@@ -46,38 +108,35 @@ def _line(ax, x, sel: xr.Dataset, prefix: str, label: str, color: str, significa
         ax.plot(x, y, "o", color=color)
         return
     sig = significant == 1
-    ax.plot(x[sig], y[sig], "o", color=color, label="significant (DM, 5%)")
+    ax.plot(x[sig], y[sig], "o", color=color, label=DOT.format(level))
     ax.plot(x[~sig], y[~sig], "o", mfc="white", color=color)
 
 
-def _save(fig, path: Path, axes=None, used: int | None = None) -> Path:
-    """Hide the panels a grid did not need, then write the figure."""
-    if axes is not None and used is not None:
-        for ax in list(axes.flat)[used:]:
-            ax.set_visible(False)
-    fig.savefig(path, dpi=80)
-    return path
-
-
-def plot_metric(ds: xr.Dataset, metric: str, path: Path) -> Path:
-    """Score vs lead per channel with its CI band; with a baseline, markers filled where significant."""
+def plot_metric(ds: xr.Dataset, metric: str) -> Figure:
+    """Score vs lead per channel with its interval band; with a baseline, markers filled where significant."""
     channels = ds["channel"].values
     fig, axes = _figure(*_grid(len(channels)))
     x = _hours(ds)
     compared = "baseline_value" in ds
+    level = float(ds.attrs.get("significance", 0.05))
+    forecast = model_label(ds, "forecast")
     for ax, ch in zip(axes.flat, channels):
         sel = ds.sel(channel=ch, metric=metric)
         if compared and np.isfinite(sel["baseline_value"]).any():
-            _line(ax, x, sel, "baseline_", "baseline", "tab:gray")
-            _line(ax, x, sel, "", "forecast", "tab:blue", sel["significant"].values)
+            _line(ax, x, sel, "baseline_", model_label(ds, "baseline"), "tab:gray")
+            _line(ax, x, sel, "", forecast, "tab:blue", sel["significant"].values, level)
         else:
-            _line(ax, x, sel, "", "forecast", "tab:blue")
-        ax.set(title=str(ch), xlabel="lead time (h)", ylabel=metric)
+            _line(ax, x, sel, "", forecast, "tab:blue")
+        if metric == "bias":
+            ax.axhline(0.0, color="k", lw=0.8)
+        _lead_axis(ax, x)
+        ax.set(title=str(ch), ylabel=score_label(metric, units_of(ds, ch), _one_member(ds)))
         ax.legend(fontsize="small")
-    return _save(fig, path, axes, used=len(channels))
+    _hide_unused(axes, len(channels))
+    return fig
 
 
-def plot_spread_skill(ds: xr.Dataset, path: Path) -> Path:
+def plot_spread_skill(ds: xr.Dataset) -> Figure:
     channels = ds["channel"].values
     fig, axes = _figure(*_grid(len(channels)))
     x = _hours(ds)
@@ -88,12 +147,14 @@ def plot_spread_skill(ds: xr.Dataset, path: Path) -> Path:
             if metric in ds["metric"].values:
                 _line(ax, x, ds.sel(channel=ch, metric=metric), "", label, color)
         ax.axhline(1.0, color="k", lw=0.8, ls="--")
-        ax.set(title=str(ch), xlabel="lead time (h)", ylabel="spread-skill ratio")
+        _lead_axis(ax, x)
+        ax.set(title=str(ch), ylabel=score_label("ssr"))
         ax.legend(fontsize="small")
-    return _save(fig, path, axes, used=len(channels))
+    _hide_unused(axes, len(channels))
+    return fig
 
 
-def plot_rank_histograms(ds: xr.Dataset, path: Path) -> Path:
+def plot_rank_histograms(ds: xr.Dataset) -> Figure:
     channels, leads = ds["channel"].values, _shown_leads(ds)
     fig, axes = _figure(len(channels), len(leads), 3.0, 2.4)
     ranks = ds["rank"].values
@@ -101,36 +162,92 @@ def plot_rank_histograms(ds: xr.Dataset, path: Path) -> Path:
         for c, j in enumerate(leads):
             ax = axes[r, c]
             ax.bar(ranks, ds["rank_histogram"].sel(channel=ch).isel({LEAD: j}).values, color="tab:blue")
-            ax.axhline(1.0 / len(ranks), color="k", lw=0.8, ls="--")
-            ax.set(title=f"{ch} +{_hours(ds)[j]:g} h", xlabel="rank of truth")
-    return _save(fig, path)
+            ax.axhline(1.0 / len(ranks), color="k", lw=0.8, ls="--", label="uniform")
+            ax.set(title=f"{ch} +{_hours(ds)[j]:g} h", xlabel="rank of truth among members", ylabel="frequency")
+    return fig
 
 
-def plot_maps(ds: xr.Dataset, channel: str, path: Path) -> Path:
-    """Time-mean CRPS (and spread, for an ensemble) maps at up to four leads."""
-    kinds = [k for k in ("crps_map", "spread_map") if k in ds]
+MAP_NAMES = {"crps_map": "CRPS", "mae_map": "MAE (CRPS of one member)", "spread_map": "ensemble spread"}
+
+
+def plot_maps(ds: xr.Dataset, channel: str) -> Figure:
+    """Time-mean CRPS (MAE for a one-member forecast) and, for an ensemble, spread maps at up to four leads."""
+    kinds = [k for k in MAP_NAMES if k in ds]
     leads = _shown_leads(ds)
     fig, axes = _figure(len(leads), len(kinds), 4.5, 2.6)
     lon, lat = ds[LON].values, ds[LAT].values
+    units = units_of(ds, channel)
     for r, j in enumerate(leads):
         for c, k in enumerate(kinds):
             ax = axes[r, c]
             field = ds[k].sel(channel=channel).isel({LEAD: j}).values
             mesh = ax.pcolormesh(lon, lat, field, shading="auto", cmap="viridis")
-            fig.colorbar(mesh, ax=ax, shrink=0.8)
-            ax.set(title=f"{k.removesuffix('_map')} {channel} +{_hours(ds)[j]:g} h")
-    return _save(fig, path)
+            fig.colorbar(mesh, ax=ax, shrink=0.8, label=_with_units(MAP_NAMES[k], units, 1))
+            ax.set(title=f"{MAP_NAMES[k]} {channel} +{_hours(ds)[j]:g} h",
+                   xlabel="longitude [degrees E]", ylabel="latitude [degrees N]")
+    return fig
+
+
+def plot_heatmap(ds: xr.Dataset, metric: str) -> Figure:
+    """WeatherBench 2 style scorecard: 100 * rel_diff of `metric` (channels x leads) against the baseline."""
+    rel = 100.0 * ds["rel_diff"].sel(metric=metric).transpose("channel", LEAD).values
+    sig = ds["significant"].sel(metric=metric).transpose("channel", LEAD).values == 1
+    channels, hours = [str(c) for c in ds["channel"].values], _hours(ds)
+    higher = bool(ds["higher_is_better"].sel(metric=metric))
+    fig, axes = _figure(1, 1, max(6.0, 2.5 + 0.8 * len(hours)), max(3.6, 1.8 + 0.45 * len(channels)))
+    ax = axes[0, 0]
+    finite = np.abs(rel[np.isfinite(rel)])
+    lim = float(finite.max()) if finite.size and finite.max() > 0 else 1.0
+    # Blue is better: a lower score (rel_diff < 0) for RMSE/CRPS, a higher one for ACC/SSIM.
+    image = ax.imshow(np.ma.masked_invalid(rel), cmap="RdBu" if higher else "RdBu_r", vmin=-lim, vmax=lim,
+                      aspect="auto", interpolation="nearest")
+    for (i, j), v in np.ndenumerate(rel):
+        if np.isfinite(v):
+            ax.text(j, i, f"{v:+.1f}", ha="center", va="center", fontsize="small",
+                    color="white" if abs(v) > 0.6 * lim else "black")
+    rows, cols = np.nonzero(sig)
+    level = float(ds.attrs.get("significance", 0.05))
+    ax.scatter(cols + 0.36, rows - 0.3, s=14, c="k", marker="o", label=DOT.format(level))
+    ax.set_xticks(np.arange(len(hours)), [f"{h:g}" for h in hours])
+    ax.set_yticks(np.arange(len(channels)), channels)
+    ax.set_xlabel("lead time [h]")
+    name = NAMES.get(metric, metric)
+    ax.set_title(f"{name}: {model_label(ds, 'forecast')}\nvs {model_label(ds, 'baseline')}", fontsize="medium")
+    fig.colorbar(image, ax=ax, label=f"{name} difference [%]\n100 (forecast / baseline - 1)\n"
+                                     f"blue: forecast {'higher' if higher else 'lower'} (better)")
+    fig.legend(loc="outside lower left", fontsize="small", frameon=False)
+    return fig
+
+
+def heatmap_metrics(ds: xr.Dataset) -> list[str]:
+    """The headline metrics with a comparison: RMSE, and CRPS for an ensemble."""
+    if "rel_diff" not in ds:
+        return []
+    return [m for m in HEATMAP_METRICS if m in ds["metric"].values and (m != "crps" or not _one_member(ds))
+            and np.isfinite(ds["rel_diff"].sel(metric=m)).any()]
+
+
+def figures(ds: xr.Dataset) -> Iterator[tuple[str, Figure]]:
+    """(file name, figure) for every figure of a scorecard, built one at a time."""
+    metrics = [m for m in ds["metric"].values if np.isfinite(ds["value"].sel(metric=m)).any()]
+    for m in heatmap_metrics(ds):
+        yield f"scorecard_{m}.png", plot_heatmap(ds, m)
+    for m in metrics:
+        if m in LINE_METRICS:
+            yield f"score_{m}.png", plot_metric(ds, m)
+    if "ssr" in metrics:
+        yield "spread_skill.png", plot_spread_skill(ds)
+    if "rank_histogram" in ds:
+        yield "rank_histogram.png", plot_rank_histograms(ds)
+    for ch in ds["channel"].values:
+        yield f"maps_{ch}.png", plot_maps(ds, str(ch))
 
 
 def write_plots(ds: xr.Dataset, folder: Path) -> list[Path]:
-    """Every figure of a scorecard into `folder`; returns the files written."""
+    """Every figure of a scorecard into `folder` as PNG; returns the files written."""
     folder.mkdir(parents=True, exist_ok=True)
-    metrics = [m for m in ds["metric"].values if np.isfinite(ds["value"].sel(metric=m)).any()]
-    files = [plot_metric(ds, m, folder / f"score_{m}.png") for m in metrics
-             if m in ("rmse", "bias", "mae", "acc", "ssim", "crps", "spread", "rho_drop")]
-    if "ssr" in metrics:
-        files.append(plot_spread_skill(ds, folder / "spread_skill.png"))
-    if "rank_histogram" in ds:
-        files.append(plot_rank_histograms(ds, folder / "rank_histogram.png"))
-    files += [plot_maps(ds, str(ch), folder / f"maps_{ch}.png") for ch in ds["channel"].values]
+    files = []
+    for name, fig in figures(ds):
+        fig.savefig(folder / name, dpi=80)
+        files.append(folder / name)
     return files

@@ -1,16 +1,27 @@
-"""The scorecard: every applicable score per channel x lead, with block-bootstrap CIs and paired tests.
+"""The scorecard: every applicable score per channel x lead, with intervals and paired tests.
 
 Layout (an xarray Dataset, written as netCDF; `scorecard_table` gives the same as a long CSV table):
 
-* dims `channel` (e.g. "geopotential_500"), `lead_time` (timedelta), `metric`, and where they apply
-  `rank` (1..K+1) and `latitude` x `longitude`;
-* `value`, `ci_lower`, `ci_upper` (channel, lead_time, metric): aggregate over initialisations and its
-  percentile interval from a circular moving-block bootstrap (paired across all series);
-* `n_init`, `block_length` (channel, lead_time): series length and the correlation length used;
-* with a baseline: `baseline_value`, `baseline_ci_lower/upper`, `rel_diff` = value/baseline - 1 with
-  `rel_ci_lower/upper`, and `dm_statistic`, `dm_p_value`, `significant` (1/0; NaN: not compared);
-* `rank_histogram` (channel, lead_time, rank), `crps_map` and `spread_map` (time-mean maps);
+* dims `channel` (e.g. "geopotential_500"; coords `variable`, `level`, `units`: the variable's `units`
+  attribute from the truth, else the forecast, "" if neither has one), `lead_time` (timedelta), `metric`,
+  and where they apply `rank` (1..K+1) and `latitude` x `longitude`;
+* `value`, `ci_lower`, `ci_upper` (channel, lead_time, metric): the aggregate over initialisations and its
+  interval (`wxray.verify.inference`). Default method "fixed-b": a t interval whose variance is a
+  prewhitened Bartlett HAC estimate with fixed-b critical values (nonlinear aggregates such as RMSE
+  linearised by the jackknife). Method "paper": the percentile interval of a circular moving-block
+  bootstrap with the Wilks (1997) block length, the same resamples for every series (paired);
+* `n_init`, `block_length` (channel, lead_time): series length and lag window: the Bartlett bandwidth
+  M = ceil(2 sqrt n) (fixed-b) or the largest Wilks block length of the series (paper);
+* with a baseline: `baseline_value`, `baseline_ci_lower/upper`, `rel_diff` = value / baseline - 1
+  (`REL_DIFF_CONVENTION`: negative is better for rmse/mae/crps, positive for acc/ssim) with
+  `rel_ci_lower/upper`, and the Diebold-Mariano test of the per-initialisation loss differential
+  `dm_statistic`, `dm_p_value` (negative statistic: the forecast has the lower loss), `significant`
+  (1/0 at level `significance`; NaN: not compared);
+* `rank_histogram` (channel, lead_time, rank); time-mean maps `crps_map` and `spread_map` of an ensemble,
+  `mae_map` of a one-member forecast (its CRPS is its absolute error, so the map is the MAE);
 * `nan_points` (channel): points skipped with skipna.
+
+attrs: `forecast`, `baseline` (names), `rel_diff_convention`.
 """
 
 from __future__ import annotations
@@ -40,6 +51,8 @@ from wxray.verify.inference import (
     hac_interval,
 )
 from wxray.verify.spatial import spatial_mean
+
+REL_DIFF_CONVENTION = "forecast / baseline - 1; negative is better for rmse/mae/crps, positive for acc/ssim"
 
 
 @dataclass(frozen=True)
@@ -118,7 +131,7 @@ def score_series(forecast: xr.DataArray, truth: xr.DataArray, climatology: xr.Da
     else:
         field = abs(mean - truth)  # a deterministic forecast's CRPS: its absolute error
         s["crps"] = spatial_mean(field, region, skipna)
-    maps["crps_map"] = field.mean(INIT, skipna=skipna)
+    maps["crps_map" if member_dims else "mae_map"] = field.mean(INIT, skipna=skipna)
     series = {k: np.asarray(v.transpose(INIT).values, dtype=np.float64) for k, v in s.items()}
     return series, maps, hist
 
@@ -286,7 +299,21 @@ def build_scorecard(forecast: Model, truth: xr.Dataset, channels: list[Channel],
                 maps.setdefault(k, []).append(v)
             hists.append(hist)
     out = {k: np.stack(v).reshape(*shape, -1) for k, v in rows.items()}
-    return _assemble(out, metric_sets[0], channels, leads, n_init, block, nan_points, maps, hists)
+    ds = _assemble(out, metric_sets[0], channels, leads, n_init, block, nan_points, maps, hists)
+    units = [channel_units(ch, truth, forecast.data) for ch in channels]
+    ds = ds.assign_coords(units=("channel", units))
+    ds.attrs.update(forecast=forecast.name, baseline=baseline.name if baseline is not None else "")
+    if baseline is not None:
+        ds.attrs["rel_diff_convention"] = REL_DIFF_CONVENTION
+    return ds
+
+
+def channel_units(ch: Channel, *sources: xr.Dataset) -> str:
+    """The `units` attribute of the channel's variable in the first source that has one ("" if none)."""
+    for ds in sources:
+        if ch.variable in ds.variables and ds[ch.variable].attrs.get("units"):
+            return str(ds[ch.variable].attrs["units"])
+    return ""
 
 
 def _assemble(out, metrics, channels, leads, n_init, block, nan_points, maps, hists) -> xr.Dataset:
