@@ -119,3 +119,22 @@ def store(tmp_path) -> Path:
 def era5_members() -> xr.Dataset:
     """The 10 real ERA5 EDA members (opened without writing an index beside the fixture)."""
     return xr.open_dataset(ERA5_MEMBERS, engine="cfgrib", backend_kwargs={"indexpath": ""}).load()
+
+
+def write_zarr(ds: xr.Dataset, path: Path) -> str:
+    """Write a forecast/truth dataset as a plain zarr v3 store (as any other tool would) and return its path."""
+    ds.to_zarr(path, mode="w", zarr_format=3, consolidated=False)
+    return str(path)
+
+
+def run_evaluate(argv: list[str], capsys) -> tuple[int, dict | None, str]:
+    """jobs/evaluate.py in-process: (exit status, RESULT dict or None, stderr)."""
+    import json
+
+    from wxray.job import run_job
+    from wxray.verify.evaluate import EvaluateConfig, evaluate
+
+    rc = run_job("evaluate", EvaluateConfig, evaluate, argv=argv)
+    out, err = capsys.readouterr()
+    lines = [ln for ln in out.splitlines() if ln.startswith("RESULT ")]
+    return rc, json.loads(lines[-1][len("RESULT "):]) if lines else None, err

@@ -3,7 +3,6 @@ longitude convention of truth, forecast and baseline; a regional truth crossing 
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
@@ -11,12 +10,10 @@ import numpy as np
 import pytest
 import xarray as xr
 
-from tests.verify.conftest import make_store
+from tests.verify.conftest import make_store, run_evaluate, write_zarr
 from tests.verify.test_forecast_grids import flip, write_raw_store
 from wxray.data.schema import open_store
-from wxray.job import run_job
 from wxray.verify import persistence_forecast
-from wxray.verify.evaluate import EvaluateConfig, evaluate
 
 SCORES = ("value", "n_init", "nan_points")
 
@@ -26,20 +23,8 @@ def canonical(tmp_path_factory) -> Path:
     return make_store(tmp_path_factory.mktemp("grids") / "store.zarr")
 
 
-def _write(ds: xr.Dataset, path: Path) -> str:
-    ds.to_zarr(path, mode="w", zarr_format=3, consolidated=False)
-    return str(path)
-
-
-def _run(argv: list[str], capsys) -> tuple[int, dict | None, str]:
-    rc = run_job("evaluate", EvaluateConfig, evaluate, argv=argv)
-    out, err = capsys.readouterr()
-    lines = [ln for ln in out.splitlines() if ln.startswith("RESULT ")]
-    return rc, json.loads(lines[-1][len("RESULT "):]) if lines else None, err
-
-
 def _card(argv: list[str], out_dir: Path, capsys) -> xr.Dataset:
-    rc, result, err = _run([*argv, f"out_dir={out_dir}", "tracking.enabled=false", "n_bootstrap=100",
+    rc, result, err = run_evaluate([*argv, f"out_dir={out_dir}", "tracking.enabled=false", "n_bootstrap=100",
                             "plots=false"], capsys)
     assert rc == 0, err
     return xr.open_dataset(out_dir / "scorecard.nc").load()
@@ -55,7 +40,7 @@ def _same_scores(a: xr.Dataset, b: xr.Dataset, metrics=None) -> None:
 
 def test_truth_store_and_file_north_to_south_in_minus_180_score_the_same(canonical, tmp_path, capsys):
     ds = open_store(canonical).load()
-    forecast = _write(persistence_forecast(ds, ds.time.values[:12], [6, 24]), tmp_path / "f.zarr")
+    forecast = write_zarr(persistence_forecast(ds, ds.time.values[:12], [6, 24]), tmp_path / "f.zarr")
     want = _card([f"forecast={forecast}", f"truth={canonical}"], tmp_path / "a", capsys)
     raw = write_raw_store(flip(ds), tmp_path / "raw.zarr")  # with its stats groups, N->S too
     got = _card([f"forecast={forecast}", f"truth={raw}"], tmp_path / "b", capsys)
@@ -70,8 +55,8 @@ def test_forecast_and_baseline_north_to_south_in_minus_180_score_the_same(canoni
     ds = open_store(canonical)
     fc = persistence_forecast(ds, ds.time.values[:12], [6, 24])
     base = persistence_forecast(ds, ds.time.values[2:14], [6, 24]).assign_coords(init_time=fc.init_time)
-    f, b = _write(fc, tmp_path / "f.zarr"), _write(base, tmp_path / "b.zarr")
-    f_flip, b_flip = _write(flip(fc), tmp_path / "ff.zarr"), _write(flip(base), tmp_path / "bf.zarr")
+    f, b = write_zarr(fc, tmp_path / "f.zarr"), write_zarr(base, tmp_path / "b.zarr")
+    f_flip, b_flip = write_zarr(flip(fc), tmp_path / "ff.zarr"), write_zarr(flip(base), tmp_path / "bf.zarr")
     want = _card([f"forecast={f}", f"truth={canonical}", f"baseline={b}"], tmp_path / "a", capsys)
     got = _card([f"forecast={f_flip}", f"truth={canonical}", f"baseline={b_flip}"], tmp_path / "b", capsys)
     _same_scores(got, want)
@@ -81,8 +66,8 @@ def test_forecast_and_baseline_north_to_south_in_minus_180_score_the_same(canoni
 def test_a_genuinely_different_grid_is_still_a_one_line_error(canonical, tmp_path, capsys):
     ds = open_store(canonical)
     fc = persistence_forecast(ds, ds.time.values[:12], [6])
-    shifted = _write(flip(fc).assign_coords(longitude=flip(fc).longitude + 1.0), tmp_path / "shift.zarr")
-    rc, result, err = _run([f"forecast={shifted}", f"truth={canonical}", f"out_dir={tmp_path / 'a'}",
+    shifted = write_zarr(flip(fc).assign_coords(longitude=flip(fc).longitude + 1.0), tmp_path / "shift.zarr")
+    rc, result, err = run_evaluate([f"forecast={shifted}", f"truth={canonical}", f"out_dir={tmp_path / 'a'}",
                             "tracking.enabled=false"], capsys)
     lines = err.strip().splitlines()
     assert rc == 2 and result is None and len(lines) == 1, err
@@ -102,8 +87,8 @@ def test_regional_truth_crossing_greenwich_scores_like_the_global_one(canonical,
     truth = write_raw_store(box, tmp_path / "box.zarr")
     fc_box = persistence_forecast(ds, ds.time.values[:12], [6, 24]).sel(latitude=slice(20, 90))
     fc_box = fc_box.sel(longitude=[lon for lon in ds.longitude.values if lon <= 46 or lon >= 314])
-    f_box = _write(fc_box, tmp_path / "fbox.zarr")  # 0..45 then 315..348.75: the box in [0, 360)
-    f_all = _write(persistence_forecast(ds, ds.time.values[:12], [6, 24]), tmp_path / "fall.zarr")
+    f_box = write_zarr(fc_box, tmp_path / "fbox.zarr")  # 0..45 then 315..348.75: the box in [0, 360)
+    f_all = write_zarr(persistence_forecast(ds, ds.time.values[:12], [6, 24]), tmp_path / "fall.zarr")
     want = _card([f"forecast={f_all}", f"truth={canonical}", "region=europe"], tmp_path / "a", capsys)
     got = _card([f"forecast={f_box}", f"truth={truth}", "region=europe"], tmp_path / "b", capsys)
     metrics = [m for m in want.metric.values if m != "ssim"]
@@ -121,8 +106,8 @@ def test_cropped_forecast_is_scored_on_its_truth_points(canonical, tmp_path, cap
     crop = {"latitude": slice(1, None), "longitude": slice(1, -2)}
     fc = persistence_forecast(ds, ds.time.values[:12], [6, 24])
     cropped = fc.isel(crop) + 0.01 * fc.isel(crop).latitude  # not persistence itself: a nonzero difference
-    f_crop = _write(cropped, tmp_path / "crop.zarr")
-    b_full = _write(persistence_forecast(ds, ds.time.values[2:14], [6, 24]).assign_coords(init_time=fc.init_time),
+    f_crop = write_zarr(cropped, tmp_path / "crop.zarr")
+    b_full = write_zarr(persistence_forecast(ds, ds.time.values[2:14], [6, 24]).assign_coords(init_time=fc.init_time),
                     tmp_path / "base.zarr")
     truth_crop = write_raw_store(ds.isel(crop), tmp_path / "truth_crop.zarr")  # stats of the block, same climatology
     for baseline in ("persistence", b_full):
@@ -136,7 +121,7 @@ def test_cropped_forecast_is_scored_on_its_truth_points(canonical, tmp_path, cap
         for d in ("a", "b"):
             shutil.rmtree(tmp_path / d)
     # Every other point is a coarser grid, not a crop: still an error without regrid=true.
-    coarse = _write(fc.isel(latitude=slice(None, None, 2)), tmp_path / "coarse.zarr")
-    rc, result, err = _run([f"forecast={coarse}", f"truth={canonical}", f"out_dir={tmp_path / 'c'}",
+    coarse = write_zarr(fc.isel(latitude=slice(None, None, 2)), tmp_path / "coarse.zarr")
+    rc, result, err = run_evaluate([f"forecast={coarse}", f"truth={canonical}", f"out_dir={tmp_path / 'c'}",
                             "tracking.enabled=false"], capsys)
     assert rc == 2 and "grid 8x32 differs from the truth grid 16x32" in err

@@ -3,7 +3,6 @@ the real ERA5 members; every bad input is a one-line error with exit status 2 an
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -14,11 +13,10 @@ import pytest
 import xarray as xr
 
 from tests.fixture_files import ERA5_CORRUPTED
-from tests.verify.conftest import ERA5_MEMBERS, make_store, nested_forecast
+from tests.verify.conftest import ERA5_MEMBERS, make_store, nested_forecast, run_evaluate, write_zarr
 from wxray.data.schema import open_store
-from wxray.job import run_job
 from wxray.verify import crps_fair, persistence_forecast, rmse, truth_at
-from wxray.verify.evaluate import EvaluateConfig, evaluate
+from wxray.verify.evaluate import EvaluateConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 CHANNELS = ("geopotential_500", "geopotential_850", "2m_temperature")
@@ -29,21 +27,9 @@ def store_path(tmp_path_factory) -> Path:
     return make_store(tmp_path_factory.mktemp("store") / "store.zarr")
 
 
-def _write(ds: xr.Dataset, path: Path) -> str:
-    ds.to_zarr(path, mode="w", zarr_format=3, consolidated=False)
-    return str(path)
-
-
-def _run(argv: list[str], capsys) -> tuple[int, dict | None, str]:
-    rc = run_job("evaluate", EvaluateConfig, evaluate, argv=argv)
-    out, err = capsys.readouterr()
-    lines = [ln for ln in out.splitlines() if ln.startswith("RESULT ")]
-    return rc, json.loads(lines[-1][len("RESULT "):]) if lines else None, err
-
-
 def _persistence(store_path: Path, tmp_path: Path, n_init: int = 16, leads=(6, 24)) -> str:
     ds = open_store(store_path)
-    return _write(persistence_forecast(ds, ds.time.values[:n_init], list(leads)), tmp_path / "persistence.zarr")
+    return write_zarr(persistence_forecast(ds, ds.time.values[:n_init], list(leads)), tmp_path / "persistence.zarr")
 
 
 def test_persistence_scorecard_plots_mlflow_and_result(store_path, tmp_path, capsys, monkeypatch):
@@ -51,7 +37,7 @@ def test_persistence_scorecard_plots_mlflow_and_result(store_path, tmp_path, cap
     forecast = _persistence(store_path, tmp_path)
     out_dir = tmp_path / "run"
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    rc, result, err = _run([f"forecast={forecast}", f"truth={store_path}", f"out_dir={out_dir}",
+    rc, result, err = run_evaluate([f"forecast={forecast}", f"truth={store_path}", f"out_dir={out_dir}",
                             f"tracking.uri={uri}", "n_bootstrap=300"], capsys)
     assert rc == 0, err
     for name in ("scorecard.nc", "scorecard.csv", "summary.json", "plots/score_rmse.png", "plots/score_crps.png",
@@ -100,9 +86,9 @@ def test_persistence_scorecard_plots_mlflow_and_result(store_path, tmp_path, cap
 def test_nested_ensemble_against_persistence_baseline(store_path, tmp_path, capsys):
     ds = open_store(store_path)
     inits = ds.time.values[:16]
-    forecast = _write(nested_forecast(ds, inits, [6, 24], m=3, n=4), tmp_path / "nested.zarr")
+    forecast = write_zarr(nested_forecast(ds, inits, [6, 24], m=3, n=4), tmp_path / "nested.zarr")
     out_dir = tmp_path / "run"
-    rc, result, err = _run([f"forecast={forecast}", f"truth={store_path}", "baseline=persistence",
+    rc, result, err = run_evaluate([f"forecast={forecast}", f"truth={store_path}", "baseline=persistence",
                             f"out_dir={out_dir}", "tracking.enabled=false", "n_bootstrap=300"], capsys)
     assert rc == 0, err
     assert result["n_members"] == 12 and result["n_significant_better"] > 0
@@ -134,7 +120,7 @@ def test_nested_ensemble_against_persistence_baseline(store_path, tmp_path, caps
     # significantly better at 24 h; it is liberal on short autocorrelated series, the default is more
     # conservative: no cell significant under fixed-b that is not under the paper method, and p-values
     # no smaller (see wxray/verify/inference.py for the measured sizes).
-    rc, paper_result, err = _run([f"forecast={forecast}", f"truth={store_path}", "baseline=persistence",
+    rc, paper_result, err = run_evaluate([f"forecast={forecast}", f"truth={store_path}", "baseline=persistence",
                                   f"out_dir={tmp_path / 'paper'}", "tracking.enabled=false", "n_bootstrap=300",
                                   "significance_method=paper", "plots=false"], capsys)
     assert rc == 0, err
@@ -158,7 +144,7 @@ def test_nested_ensemble_against_persistence_baseline(store_path, tmp_path, caps
 def test_real_era5_members_against_held_out_member_and_their_mean(tmp_path, capsys):
     grib = str(ERA5_MEMBERS)
     # Member 0 of the ERA5 EDA is the unperturbed control; hold out a perturbed one.
-    rc, result, err = _run([f"forecast={grib}", f"truth={grib}", "truth_member=5", f"out_dir={tmp_path / 'a'}",
+    rc, result, err = run_evaluate([f"forecast={grib}", f"truth={grib}", "truth_member=5", f"out_dir={tmp_path / 'a'}",
                             "tracking.enabled=false", "n_bootstrap=200", "plots=false"], capsys)
     assert rc == 0, err
     assert result["n_members"] == 9 and result["n_init"] == 4 and "acc.temperature_500.0h" not in result
@@ -172,8 +158,9 @@ def test_real_era5_members_against_held_out_member_and_their_mean(tmp_path, caps
     # EDA members are exchangeable, so a held-out member looks like a draw from the ensemble: SSR ~ 1.
     ssr = card["value"].sel(metric="ssr").values
     assert np.all((ssr > 0.85) & (ssr < 1.15)), ssr
-    rc, result, err = _run([f"forecast={grib}", f"truth={grib}", "truth_member=mean", f"out_dir={tmp_path / 'b'}",
-                            "tracking.enabled=false", "n_bootstrap=200", "plots=false"], capsys)
+    rc, result, err = run_evaluate([f"forecast={grib}", f"truth={grib}", "truth_member=mean",
+                                    f"out_dir={tmp_path / 'b'}", "tracking.enabled=false", "n_bootstrap=200",
+                                    "plots=false"], capsys)
     assert rc == 0, err
     assert result["n_members"] == 10
     for ch in ("geopotential_500", "temperature_850"):  # the ensemble mean has no error against itself
@@ -220,9 +207,9 @@ BAD_FORECASTS = [
 def test_bad_input_is_a_one_line_error_and_leaves_nothing(store_path, tmp_path, capsys, change, extra, message):
     ds = open_store(store_path)
     fc = persistence_forecast(ds, ds.time.values[:12], [6, 24])
-    forecast = _write(change(fc), tmp_path / "bad.zarr")
+    forecast = write_zarr(change(fc), tmp_path / "bad.zarr")
     out_dir = tmp_path / "run"
-    rc, result, err = _run([f"forecast={forecast}", f"truth={store_path}", f"out_dir={out_dir}",
+    rc, result, err = run_evaluate([f"forecast={forecast}", f"truth={store_path}", f"out_dir={out_dir}",
                             "tracking.enabled=false", "n_bootstrap=100", *extra], capsys)
     assert rc == 2 and result is None
     lines = err.strip().splitlines()
@@ -232,15 +219,15 @@ def test_bad_input_is_a_one_line_error_and_leaves_nothing(store_path, tmp_path, 
 
 def test_lead_without_truth_and_missing_forecast(store_path, tmp_path, capsys):
     ds = open_store(store_path)
-    late = _write(persistence_forecast(ds, ds.time.values[-8:], [24]), tmp_path / "late.zarr")
-    rc, _, err = _run([f"forecast={late}", f"truth={store_path}", f"out_dir={tmp_path / 'a'}",
+    late = write_zarr(persistence_forecast(ds, ds.time.values[-8:], [24]), tmp_path / "late.zarr")
+    rc, _, err = run_evaluate([f"forecast={late}", f"truth={store_path}", f"out_dir={tmp_path / 'a'}",
                        "tracking.enabled=false"], capsys)
     assert rc == 2 and "no truth at lead 24 h for 4 of 8 initialisations" in err and late in err
-    rc, _, err = _run([f"forecast={tmp_path / 'nope.zarr'}", f"truth={store_path}", f"out_dir={tmp_path / 'b'}",
+    rc, _, err = run_evaluate([f"forecast={tmp_path / 'nope.zarr'}", f"truth={store_path}", f"out_dir={tmp_path / 'b'}",
                        "tracking.enabled=false"], capsys)
     assert rc == 2 and f"error: forecast {tmp_path / 'nope.zarr'} does not exist" in err
     forecast = _persistence(store_path, tmp_path, n_init=8, leads=(6,))
-    rc, _, err = _run([f"forecast={forecast}", f"truth={store_path}", f"baseline={tmp_path / 'gone.zarr'}",
+    rc, _, err = run_evaluate([f"forecast={forecast}", f"truth={store_path}", f"baseline={tmp_path / 'gone.zarr'}",
                        f"out_dir={tmp_path / 'c'}", "tracking.enabled=false"], capsys)
     assert rc == 2 and err.strip() == f"error: baseline {tmp_path / 'gone.zarr'} does not exist", err
     assert not any((tmp_path / d).exists() for d in ("a", "b", "c"))
@@ -259,7 +246,7 @@ def test_corrupted_grib_is_the_data_pipelines_one_line_error(store_path, tmp_pat
     other = {"truth": f"forecast={_persistence(store_path, tmp_path, n_init=8, leads=(6,))}",
              "forecast": f"truth={store_path}"}[role]
     out_dir = tmp_path / "run"
-    rc, result, err = _run([f"{role}={ERA5_CORRUPTED}", other, f"out_dir={out_dir}", "tracking.enabled=false"],
+    rc, result, err = run_evaluate([f"{role}={ERA5_CORRUPTED}", other, f"out_dir={out_dir}", "tracking.enabled=false"],
                            capsys)
     lines = err.strip().splitlines()
     assert rc == 2 and result is None and len(lines) == 1 and "Traceback" not in err, err
@@ -281,16 +268,17 @@ def test_corrupted_grib_truth_through_the_script(store_path, tmp_path):
 
 def test_levels_on_a_forecast_without_levels_is_an_error(store_path, tmp_path, capsys):
     ds = open_store(store_path)
-    surface = _write(persistence_forecast(ds, ds.time.values[:8], [6], ["2m_temperature"]), tmp_path / "s.zarr")
-    rc, result, err = _run([f"forecast={surface}", f"truth={store_path}", "levels=[500]",
+    surface = write_zarr(persistence_forecast(ds, ds.time.values[:8], [6], ["2m_temperature"]), tmp_path / "s.zarr")
+    rc, result, err = run_evaluate([f"forecast={surface}", f"truth={store_path}", "levels=[500]",
                             f"out_dir={tmp_path / 'a'}", "tracking.enabled=false"], capsys)
     lines = err.strip().splitlines()
     assert rc == 2 and result is None and len(lines) == 1, err
     assert lines[0] == (f"error: forecast {surface}: levels=[500] asked for but no requested variable has "
                         "pressure levels (with levels: none; without: 2m_temperature)")
     both = _persistence(store_path, tmp_path, n_init=8, leads=(6,))
-    rc, result, err = _run([f"forecast={both}", f"truth={store_path}", "levels=[500]", "variables=[2m_temperature]",
-                            f"out_dir={tmp_path / 'b'}", "tracking.enabled=false"], capsys)
+    rc, result, err = run_evaluate([f"forecast={both}", f"truth={store_path}", "levels=[500]",
+                                    "variables=[2m_temperature]", f"out_dir={tmp_path / 'b'}",
+                                    "tracking.enabled=false"], capsys)
     assert rc == 2 and "(with levels: geopotential; without: 2m_temperature)" in err, err
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
 
@@ -298,13 +286,13 @@ def test_levels_on_a_forecast_without_levels_is_an_error(store_path, tmp_path, c
 def test_regrid_and_skipna_recover(store_path, tmp_path, capsys):
     ds = open_store(store_path)
     fc = persistence_forecast(ds, ds.time.values[:12], [6, 24])
-    coarse = _write(_coarse(fc), tmp_path / "coarse.zarr")
-    rc, result, err = _run([f"forecast={coarse}", f"truth={store_path}", "regrid=true", "plots=false",
+    coarse = write_zarr(_coarse(fc), tmp_path / "coarse.zarr")
+    rc, result, err = run_evaluate([f"forecast={coarse}", f"truth={store_path}", "regrid=true", "plots=false",
                             f"out_dir={tmp_path / 'a'}", "tracking.enabled=false", "n_bootstrap=100"], capsys)
     assert rc == 0, err
     assert np.isfinite(result["rmse.geopotential_500.24h"])
-    holes = _write(_with_nan(fc), tmp_path / "holes.zarr")
-    rc, result, err = _run([f"forecast={holes}", f"truth={store_path}", "skipna=true", "plots=false",
+    holes = write_zarr(_with_nan(fc), tmp_path / "holes.zarr")
+    rc, result, err = run_evaluate([f"forecast={holes}", f"truth={store_path}", "skipna=true", "plots=false",
                             f"out_dir={tmp_path / 'b'}", "tracking.enabled=false", "n_bootstrap=100"], capsys)
     assert rc == 0, err
     assert result["nan_points"] == 1 and np.isfinite(result["rmse.2m_temperature.24h"])
@@ -313,7 +301,7 @@ def test_regrid_and_skipna_recover(store_path, tmp_path, capsys):
 
 
 def test_make_persistence_option(store_path, tmp_path, capsys):
-    rc, result, err = _run([f"truth={store_path}", "make_persistence=true", "leads=[6,12]", "plots=false",
+    rc, result, err = run_evaluate([f"truth={store_path}", "make_persistence=true", "leads=[6,12]", "plots=false",
                             f"out_dir={tmp_path / 'a'}", "tracking.enabled=false", "n_bootstrap=100",
                             "variables=[2m_temperature]"], capsys)
     assert rc == 0, err
@@ -323,7 +311,7 @@ def test_make_persistence_option(store_path, tmp_path, capsys):
 
 def test_job_script_exits_non_zero_with_one_line_on_bad_input(store_path, tmp_path):
     ds = open_store(store_path)
-    forecast = _write(_coarse(persistence_forecast(ds, ds.time.values[:12], [6])), tmp_path / "coarse.zarr")
+    forecast = write_zarr(_coarse(persistence_forecast(ds, ds.time.values[:12], [6])), tmp_path / "coarse.zarr")
     out_dir = tmp_path / "run"
     proc = subprocess.run([sys.executable, str(ROOT / "jobs" / "evaluate.py"), f"forecast={forecast}",
                            f"truth={store_path}", f"out_dir={out_dir}", "tracking.enabled=false"],
@@ -349,13 +337,14 @@ def test_shipped_config_loads_and_validates():
 
 def test_baseline_file_must_share_initialisations(store_path, tmp_path, capsys):
     ds = open_store(store_path)
-    forecast = _write(persistence_forecast(ds, ds.time.values[:12], [6]), tmp_path / "f.zarr")
-    short = _write(persistence_forecast(ds, ds.time.values[:8], [6]), tmp_path / "short.zarr")
-    rc, _, err = _run([f"forecast={forecast}", f"truth={store_path}", f"baseline={short}",
+    forecast = write_zarr(persistence_forecast(ds, ds.time.values[:12], [6]), tmp_path / "f.zarr")
+    short = write_zarr(persistence_forecast(ds, ds.time.values[:8], [6]), tmp_path / "short.zarr")
+    rc, _, err = run_evaluate([f"forecast={forecast}", f"truth={store_path}", f"baseline={short}",
                        f"out_dir={tmp_path / 'a'}", "tracking.enabled=false"], capsys)
     assert rc == 2 and f"baseline {short}: lacks 4 of the forecast's init_time values" in err
-    rc, result, err = _run([f"forecast={forecast}", f"truth={store_path}", f"baseline={forecast}", "plots=false",
-                            f"out_dir={tmp_path / 'b'}", "tracking.enabled=false", "n_bootstrap=100"], capsys)
+    rc, result, err = run_evaluate([f"forecast={forecast}", f"truth={store_path}", f"baseline={forecast}",
+                                    "plots=false", f"out_dir={tmp_path / 'b'}", "tracking.enabled=false",
+                                    "n_bootstrap=100"], capsys)
     assert rc == 0, err
     # A forecast compared with itself: zero difference, never significant.
     assert result["n_compared"] > 0 and result["n_significant_better"] == result["n_significant_worse"] == 0

@@ -13,7 +13,7 @@ import xarray as xr
 from matplotlib.colors import to_rgba
 
 import wxray.verify.plots as plots
-from tests.verify.conftest import make_store, nested_forecast
+from tests.verify.conftest import make_store, nested_forecast, write_zarr
 from wxray.data.schema import channels, open_store
 from wxray.job import run_job
 from wxray.verify import persistence_forecast
@@ -24,18 +24,13 @@ LEADS = [6, 12, 18, 24]
 UNITS = {"2m_temperature": "K", "geopotential_500": "m**2 s**-2", "geopotential_850": "m**2 s**-2"}
 
 
-def _write(ds: xr.Dataset, path: Path) -> str:
-    ds.to_zarr(path, mode="w", zarr_format=3, consolidated=False)
-    return str(path)
-
-
 @pytest.fixture(scope="module")
 def compared(tmp_path_factory):
     """A nested ensemble against persistence through the job; the figures write_plots saved, by file name."""
     tmp = tmp_path_factory.mktemp("plots")
     store = make_store(tmp / "store.zarr")
     ds = open_store(store)
-    forecast = _write(nested_forecast(ds, ds.time.values[:16], LEADS, m=3, n=4), tmp / "nested.zarr")
+    forecast = write_zarr(nested_forecast(ds, ds.time.values[:16], LEADS, m=3, n=4), tmp / "nested.zarr")
     saved: dict[str, object] = {}
     original = plots.figures
 
@@ -69,6 +64,7 @@ def test_every_figure_is_saved_and_inspectable(compared):
 
 def test_line_plots_carry_units_lead_hour_ticks_and_the_baseline_name(compared):
     card, _, saved, _ = compared
+    out_dir_name = Path(card.attrs["forecast"].removeprefix("forecast ")).parent.name  # tells runs apart
     order = list(card["channel"].values)
     assert order == sorted(order)  # no variables= given: sorted, the same on every run
     for metric, name in (("rmse", "RMSE"), ("crps", "CRPS"), ("mae", "MAE"), ("spread", "ensemble spread")):
@@ -81,7 +77,7 @@ def test_line_plots_carry_units_lead_hour_ticks_and_the_baseline_name(compared):
             assert [t.get_text() for t in ax.get_xticklabels()] == ["6", "12", "18", "24"]
             if metric in ("rmse", "crps", "mae"):  # compared with the baseline
                 labels = [t.get_text() for t in ax.get_legend().get_texts()]
-                assert labels[:2] == ["baseline: persistence", "forecast: nested.zarr"]
+                assert labels[:2] == ["baseline: persistence", f"forecast: {out_dir_name}/nested.zarr"]
                 assert "significant (Diebold-Mariano, p < 0.05)" in labels
     for metric in ("acc", "ssim", "rho_drop"):  # dimensionless: no units
         assert "[" not in _visible(saved[f"score_{metric}.png"])[0].get_ylabel()

@@ -86,9 +86,14 @@ def _one_member(ds: xr.Dataset) -> bool:
 
 
 def model_label(ds: xr.Dataset, role: str) -> str:
-    """'forecast: fc.zarr', 'baseline: persistence' from the scorecard's attrs ('forecast' if unnamed)."""
+    """'forecast: exp1/forecast.zarr', 'baseline: persistence' from the scorecard's attrs ('forecast' if unnamed).
+
+    The file's parent folder is kept: every run writes a `forecast.zarr`, its run directory tells them apart.
+    """
     name = str(ds.attrs.get(role, "")).removeprefix(f"{role} ").strip()
-    return f"{role}: {Path(name).name or name}" if name else role
+    p = Path(name)
+    short = f"{p.parent.name}/{p.name}" if p.parent.name else p.name
+    return f"{role}: {short or name}" if name else role
 
 
 def _lead_axis(ax, hours: np.ndarray) -> None:
