@@ -70,6 +70,9 @@ def test_experiments_open_on_the_runs_table_and_runs_are_named_by_what_they_are(
     assert experiment.name == "wxray"  # JobConfig's experiment; jobs set their own (wxray-train, ...)
     assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
     assert run.info.run_name == "toy-run"
+    saved = (tmp_path / "run" / "config.yaml").read_text()  # the resolved values, not the blanks
+    for line in (f"out_dir: {tmp_path / 'run'}", "run_name: toy-run", f"uri: {tracking_uri}", "experiment: wxray"):
+        assert line in saved, (line, saved)
 
 
 def test_under_ray_job_submit_outputs_go_to_the_wxray_home(tmp_path, monkeypatch, capsys):

@@ -25,3 +25,17 @@ def test_train_job_rejects_bad_config_in_one_line(tmp_path, argv, needle):
     assert "Traceback" not in p.stderr
     assert "RESULT" not in p.stdout
     assert not out.exists()
+
+
+def test_errors_after_ray_starts_are_still_one_line(tmp_path):
+    """Ray's own start-up lines (token authentication, ...) stay off the console unless --verbose."""
+    out = tmp_path / "run"
+    p = subprocess.run([sys.executable, str(ROOT / "jobs/train_sparse.py"), f"out_dir={out}", "scaling.num_workers=64",
+                        f"data.store={tmp_path / 'sample.zarr'}", "data.generate_sample=true", "data.sample_days=2",
+                        "data.sample_grid=[16,32]", "data.sample_trajectories=2", "tracking.enabled=false"],
+                       capture_output=True, text=True, cwd=tmp_path, timeout=600)
+    assert p.returncode == 2
+    assert p.stderr.strip().splitlines() == [p.stderr.strip().splitlines()[-1]], p.stderr
+    assert "scaling.num_workers=64" in p.stderr and "Traceback" not in p.stderr
+    assert not out.exists()
+

@@ -108,14 +108,12 @@ class JobContext:
         self._out_dir.mkdir(parents=True, exist_ok=True)
         self._before = set() if self._created else {p.name for p in self._out_dir.iterdir()}
         cfg = self.cfg
-        self.write_text("config.yaml", dump_yaml(cfg))
+        cfg.run_name = cfg.run_name or f"{cfg.run_label(self.job)}-{self._out_dir.name}"
+        self.write_text("config.yaml", dump_yaml(cfg))  # the resolved config: what the run really used
         id_file = self._out_dir / ".mlflow_run_id"
         previous = id_file.read_text().strip() if id_file.exists() else None  # a re-run continues its run
-        run_name = cfg.run_name or f"{cfg.run_label(self.job)}-{self._out_dir.name}"
-        tracking = cfg.tracking
-        if not tracking.experiment:
-            tracking = TrackingConfig(uri=tracking.uri, experiment=cfg.experiment, enabled=tracking.enabled)
-        self._tracker = Tracker(tracking, run_name=run_name, tags={"wxray.job": self.job}, run_id=previous)
+        self._tracker = Tracker(cfg.tracking, run_name=cfg.run_name, tags={"wxray.job": self.job},
+                                run_id=previous)
         if self._tracker.run_id:
             self.write_text(".mlflow_run_id", self._tracker.run_id)
         changed = self._tracker.log_params(flatten(to_dict(cfg)))
@@ -162,6 +160,7 @@ def prepare(job: str, cfg_cls: type[C], argv: list[str]) -> C:
     for owner, name, key, marker in path_keys(cfg):
         if marker.output and getattr(owner, name):
             check_writable(getattr(owner, name), key, directory=marker.directory)
+    cfg.tracking.experiment = cfg.tracking.experiment or cfg.experiment
     if cfg.tracking.enabled:
         from wxray.tracking import resolve_uri
 

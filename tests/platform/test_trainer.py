@@ -117,6 +117,7 @@ def _checkpoint_dir(tmp_path, meta: dict | None, state) -> str:
     (["data.train_range=2000-01-01/2000-01-03", "data.val_range=2000-01-03/2000-01-04"],
      "data.train_range and data.val_range overlap"),
     (["train.epochs=many"], "'train.epochs' expects int"),
+    (["data.store="], "config key 'data.store' is empty; expected the path of a zarr store"),
 ])
 def test_bad_training_input_is_one_line(ray_session, wave_store, tmp_path, capsys, extra, needle):
     out = tmp_path / "bad"
