@@ -73,3 +73,21 @@ def test_era5_grib_members_open_as_a_forecast_and_as_truth():
     with pytest.raises(DataError, match="truth_member=mean"):
         open_truth(ERA5_MEMBERS)
     assert pd.DatetimeIndex(truth.time.values)[0] == pd.Timestamp("2017-01-01")
+
+
+def test_an_unreadable_zarr_is_a_one_line_error_with_the_first_line_of_the_cause(tmp_path, monkeypatch):
+    bad = tmp_path / "bad.zarr"
+    bad.mkdir()
+    (bad / "zarr.json").write_text('{"zarr_format": 3, "node_type":\n"group"')  # truncated metadata
+    with pytest.raises(DataError) as err:
+        open_forecast(bad)
+    assert str(err.value).startswith(f"forecast {bad} cannot be read (JSONDecodeError: ")
+    assert "\n" not in str(err.value)
+
+    def fail(*args, **kwargs):
+        raise ValueError("codec pipeline failed\n  detail on a second line\n")
+
+    monkeypatch.setattr(xr, "open_zarr", fail)
+    with pytest.raises(DataError) as err:
+        open_forecast(bad, "baseline")
+    assert str(err.value) == f"baseline {bad} cannot be read (ValueError: codec pipeline failed)"

@@ -41,17 +41,13 @@ from wxray.data.schema import (
     longitude_convention,
     wrap_longitudes,
 )
-from wxray.data.sources import detect_kind, open_grib, open_netcdf
+from wxray.data.sources import detect_kind, first_line, open_grib, open_netcdf
 from wxray.errors import DataError
 from wxray.verify.ensemble import MEMBER, MEMBER_DIMS
 
 INIT, LEAD = "init_time", "lead_time"
 # ERA5 ensemble files number their members; cfgrib calls the forecast step `step`.
 EXTRA_ALIASES = {"number": MEMBER, "ensemble_member": MEMBER, "realization": MEMBER, "step": LEAD}
-
-
-def _first_line(e: Exception) -> str:
-    return (f"{type(e).__name__}: {e}".splitlines() or [type(e).__name__])[0]
 
 
 def open_any(path: str | Path, what: str) -> xr.Dataset:
@@ -65,7 +61,7 @@ def open_any(path: str | Path, what: str) -> xr.Dataset:
         try:
             return xr.open_zarr(p, consolidated=False)
         except Exception as e:  # the backend raises many types for a foreign or damaged store
-            raise DataError(f"{what} {p} cannot be read ({_first_line(e)})") from None
+            raise DataError(f"{what} {p} cannot be read ({first_line(e)})") from None
     try:
         kind = detect_kind(str(p))
         if kind == "grib":
@@ -84,7 +80,7 @@ def _combine(parts: list[xr.Dataset], p: Path) -> xr.Dataset:
     try:
         return xr.merge(parts, compat="override", join="outer", combine_attrs="drop_conflicts")
     except Exception as e:
-        raise DataError(f"{p}: its {len(parts)} GRIB hypercubes cannot be combined ({_first_line(e)})") from None
+        raise DataError(f"{p}: its {len(parts)} GRIB hypercubes cannot be combined ({first_line(e)})") from None
 
 
 def _reorder(ds: xr.Dataset, dim: str, values: np.ndarray, what: str) -> xr.Dataset:
