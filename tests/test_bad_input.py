@@ -172,12 +172,33 @@ def test_union_keys_name_their_alternatives(tmp_path, capsys):
     assert rc == 2 and "expects int or 'mean' or null, got 'first'" in err and "Union" not in err
 
 
-def test_help_lists_every_key_with_type_default_and_doc(capsys):
-    assert run_job("train_sparse", CONFIGS["train"], None, ["--help"]) == 0
+@pytest.mark.parametrize("cmd", sorted(CONFIGS))
+def test_help_lists_every_key_with_type_default_and_doc(cmd, capsys):
+    from wxray.config_help import describe
+
+    assert run_job(JOBS[cmd][0], CONFIGS[cmd], None, ["--help"]) == 0
     out = capsys.readouterr().out
-    assert "model.keep_ratio (float in (0, 1], default 0.25)" in out or "model.keep_ratio (float" in out
-    assert "data.store (str, default 'data/sample_32x64.zarr'): the zarr store to train on" in out
-    assert "scaling.num_workers (int >= 1, default 1): Ray Train workers" in out
+    keys = out.split("Keys:\n", 1)[1].splitlines()
+    assert keys == describe(CONFIGS[cmd]) and len(keys) == len(numeric_keys_and_others(CONFIGS[cmd]))
+    assert all("(" in k and ", default " in k and "): " in k for k in keys), [k for k in keys if "): " not in k]
+    if cmd == "train":
+        assert "  model.keep_ratio (float in (0, 1], default 0.25): fraction r of tokens the middle blocks see" in keys
+        assert "  data.store (str, default 'data/sample_32x64.zarr'): the zarr store to train on " \
+               "(jobs/prepare_data.py writes one)" in keys
+        assert "  train.seed (int in [0, 4294967295], default 0): initial weights, token selections and dropout " \
+               "masks" in keys
+
+
+def numeric_keys_and_others(cls, prefix=""):
+    """Every leaf key of a config class (dotted)."""
+    hints = typing.get_type_hints(cls)
+    out = []
+    for f in dataclasses.fields(cls):
+        if dataclasses.is_dataclass(hints[f.name]):
+            out += numeric_keys_and_others(hints[f.name], f"{prefix}{f.name}.")
+        else:
+            out.append(prefix + f.name)
+    return out
 
 
 def test_relative_paths_resolve_against_the_wxray_home(tmp_path, monkeypatch, capsys):

@@ -1,11 +1,15 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 from dataclasses import dataclass
 
 import mlflow
+import pytest
 
-from wxray.errors import DataError
+from wxray.errors import ConfigError, DataError
+from wxray.io import check_writable
 from wxray.job import JobConfig, run_job
 
 
@@ -108,3 +112,39 @@ def test_a_failing_job_leaves_an_existing_run_directory_as_it_was(tmp_path, trac
     assert rc == 2
     assert sorted(p.name for p in out.iterdir()) == ["config.yaml", "notes.txt"]
     assert (out / "config.yaml").read_text() == "x: 7.0\n"
+
+
+def test_path_keys_expand_home_anchor_globs_and_leave_urls(tmp_path, monkeypatch):
+    from wxray.config import resolve_paths
+    from wxray.data.jobs import PrepareDataConfig
+    from wxray.io import resolve_path
+
+    monkeypatch.setenv("HOME", str(tmp_path / "user"))
+    monkeypatch.setenv("WXRAY_HOME", str(tmp_path / "home"))
+    for source, expected in (("~/era5/*.grib", str(tmp_path / "user" / "era5" / "*.grib")),
+                             ("era5/*.nc", str(tmp_path / "home" / "era5" / "*.nc")),
+                             ("gs://bucket/era5/*.nc", "gs://bucket/era5/*.nc")):
+        cfg = PrepareDataConfig(source=source, out="o.zarr")
+        resolve_paths(cfg, resolve_path)
+        assert (cfg.source, cfg.out) == (expected, str(tmp_path / "home" / "o.zarr"))
+
+
+def test_a_failing_job_removes_the_folders_it_created(tmp_path, tracking_uri, capsys):
+    out = tmp_path / "new" / "deeper" / "run"
+    rc = run_job("toy", ToyConfig, toy_main, [f"out_dir={out}", "fail=true", f"tracking.uri={tracking_uri}"])
+    assert rc == 2 and not (tmp_path / "new").exists()
+
+
+def test_replacing_an_output_needs_a_writable_parent(tmp_path):
+    store = tmp_path / "locked" / "out.zarr"
+    store.mkdir(parents=True)
+    check_writable(store, "out")
+    locked = tmp_path / "locked"
+    lock = ["chattr", "+i", str(locked)] if os.geteuid() == 0 else ["chmod", "555", str(locked)]
+    subprocess.run(lock, check=True)  # root ignores permissions: an immutable folder stops it too
+    try:
+        with pytest.raises(ConfigError, match=f"config key 'out': {locked} is not writable"):
+            check_writable(store, "out")
+        check_writable(store, "out", replace=False)  # writing inside the store alone is fine
+    finally:
+        subprocess.run(["chattr", "-i", str(locked)] if os.geteuid() == 0 else ["chmod", "755", str(locked)])

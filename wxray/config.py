@@ -44,22 +44,26 @@ class Range:
         return not (self.hi is not None and (v >= self.hi if self.hi_open else v > self.hi))
 
     def __str__(self) -> str:
+        lo, hi = _num(self.lo), _num(self.hi)
         if self.hi is None:
-            return f"{'>' if self.lo_open else '>='} {self.lo:g}"
+            return f"{'>' if self.lo_open else '>='} {lo}"
         if self.lo is None:
-            return f"{'<' if self.hi_open else '<='} {self.hi:g}"
-        return f"in {'(' if self.lo_open else '['}{self.lo:g}, {self.hi:g}{')' if self.hi_open else ']'}"
+            return f"{'<' if self.hi_open else '<='} {hi}"
+        return f"in {'(' if self.lo_open else '['}{lo}, {hi}{')' if self.hi_open else ']'}"
+
+
+def _num(v: float | None) -> str:
+    return f"{int(v):d}" if v is not None and float(v).is_integer() else f"{v:g}" if v is not None else ""
 
 
 @dataclasses.dataclass(frozen=True)
 class PathKey:
-    """Marks a str key as a file-system path: relative values resolve against the wxray home
-    (`wxray.io.home()`) when the config is loaded, so config.yaml and RESULT hold absolute paths.
-    `output` keys are checked for writability before any work starts; `keywords` are values that are
-    not paths (e.g. baseline=persistence)."""
+    """Marks a str key as a file-system path: relative values (and `~`) resolve against the wxray home
+    (`wxray.io.home()`) when the config is loaded, so config.yaml and RESULT hold absolute paths; URLs
+    stay as they are. `output` keys (directories: run directories, zarr stores) are checked for
+    writability before any work starts; `keywords` are values that are not paths (baseline=persistence)."""
 
     output: bool = False
-    directory: bool = True
     keywords: tuple[str, ...] = ()
 
 
@@ -275,10 +279,8 @@ def resolve_paths(cfg: Any, resolve: typing.Callable[[str], Path]) -> None:
     """Make every non-empty PathKey value absolute with `resolve` (URLs and keywords stay as they are)."""
     for owner, name, _, marker in path_keys(cfg):
         value = getattr(owner, name)
-        if value and "://" not in value and value not in marker.keywords and not any(c in value for c in "*?["):
-            setattr(owner, name, str(resolve(value)))
-        elif value and any(c in value for c in "*?[") and not Path(value).expanduser().is_absolute():
-            setattr(owner, name, str(resolve(".") / value))  # a glob: anchor it, keep the pattern
+        if value and "://" not in value and value not in marker.keywords:
+            setattr(owner, name, str(resolve(value)))  # a glob stays a pattern, anchored at the home
 
 
 def _validate(cfg: Any) -> None:

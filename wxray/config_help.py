@@ -18,7 +18,10 @@ from wxray.config import Range, to_dict, type_name
 
 
 def field_docs(cls: type) -> dict[str, str]:
-    """{field: its trailing `# comment`} over `cls` and its dataclass bases (subclasses win)."""
+    """{field: doc} over `cls` and its dataclass bases (subclasses win).
+
+    A field's doc is its trailing `# comment`, or else the block of comment lines right above it.
+    """
     docs: dict[str, str] = {}
     for klass in reversed(cls.__mro__):
         if not dataclasses.is_dataclass(klass) or klass is object:
@@ -27,14 +30,20 @@ def field_docs(cls: type) -> dict[str, str]:
             source = inspect.getsource(klass)
         except (OSError, TypeError):
             continue
-        lines = source.splitlines()
-        for tok in tokenize.generate_tokens(io.StringIO(source).readline):
-            if tok.type != tokenize.COMMENT:
+        comments = {tok.start[0]: tok.string.lstrip("#").strip()
+                    for tok in tokenize.generate_tokens(io.StringIO(source).readline) if tok.type == tokenize.COMMENT}
+        block: list[str] = []
+        for number, row in enumerate(source.splitlines(), start=1):
+            text = row.strip()
+            if text.startswith("#"):
+                block.append(comments.get(number, ""))
                 continue
-            row = lines[tok.start[0] - 1]
-            m = re.match(r"\s+(\w+)\s*:", row)
-            if m and row.strip() and not row.strip().startswith("#"):
-                docs[m.group(1)] = tok.string.lstrip("#").strip()
+            field = re.match(r"\s+(\w+)\s*:[^=]*=", row)
+            if field and not text.startswith(("def ", "return", "if ", "raise")):
+                doc = comments.get(number) or " ".join(block)
+                if doc:
+                    docs[field.group(1)] = doc
+            block = []
     return docs
 
 

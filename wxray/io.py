@@ -43,14 +43,16 @@ def resolve_path(path: str | os.PathLike) -> Path:
     return p if p.is_absolute() else home() / p
 
 
-def check_writable(path: str | os.PathLike, key: str, directory: bool = True) -> None:
-    """ConfigError naming `key` unless `path` can be created (or written, when it exists) by this user."""
+def check_writable(path: str | os.PathLike, key: str, replace: bool = True) -> None:
+    """ConfigError naming `key` unless the directory `path` can be created, or written and (`replace`)
+    replaced by this user: `atomic_path` renames a sibling into place, so the parent must be writable too."""
     p = Path(path)
     if p.exists():
-        if directory and not p.is_dir():
+        if not p.is_dir():
             raise ConfigError(f"config key '{key}': {p} exists and is not a directory")
-        if not (_can_create_in(p) if p.is_dir() else os.access(p, os.W_OK)):
-            raise ConfigError(f"config key '{key}': {p} is not writable")
+        for d in (p, p.parent) if replace else (p,):
+            if not _can_create_in(d):
+                raise ConfigError(f"config key '{key}': {d} is not writable")
         return
     parent = p.parent
     while not parent.exists():

@@ -13,9 +13,12 @@ A job is `main(cfg, ctx) -> dict` of key figures. `run_job`:
    directory, continues) the MLflow run;
 4. writes `summary.json` atomically and prints `RESULT {json}` with absolute paths.
 
-Bad input (`WxrayError`) is one line on stderr and exit status 2, and leaves the file system as it was:
-a run directory this job created is removed, an existing one gets back exactly what it held, unless
-the job declared its partial outputs worth keeping (`ctx.keep_on_failure`, e.g. checkpoints).
+Bad input (`WxrayError`) is one line on stderr and exit status 2. Before the job starts nothing has been
+written. After, a failure removes the run directory (and any parent folders) this job created; in an
+existing run directory it removes the entries the job added and restores the files written through
+`ctx.write_text` (config.yaml, .mlflow_run_id) -- jobs check their inputs before starting, so they do not
+fail after replacing an earlier output. `ctx.keep_on_failure` (set once checkpoints are being written)
+keeps everything.
 """
 
 from __future__ import annotations
@@ -75,7 +78,7 @@ class JobContext:
         self.job, self.cfg, self._out_dir = job, cfg, out_dir
         self.keep_on_failure = False  # set once partial outputs are worth keeping (checkpoints)
         self._tracker: Tracker | None = None
-        self._created = False
+        self._created: Path | None = None  # the topmost folder this job created (run directory or a parent)
         self._before: set[str] | None = None  # names in an existing run directory when the job started
         self._backups: dict[Path, bytes] = {}
 
@@ -104,7 +107,11 @@ class JobContext:
         """The inputs are checked: create the run directory, write config.yaml, open the MLflow run."""
         if self._tracker is not None:
             return
-        self._created = not self._out_dir.exists()
+        if not self._out_dir.exists():
+            top = self._out_dir
+            while not top.parent.exists():
+                top = top.parent
+            self._created = top
         self._out_dir.mkdir(parents=True, exist_ok=True)
         self._before = set() if self._created else {p.name for p in self._out_dir.iterdir()}
         cfg = self.cfg
@@ -126,7 +133,7 @@ class JobContext:
         if self.keep_on_failure or self._before is None:
             return
         if self._created:
-            shutil.rmtree(self._out_dir, ignore_errors=True)
+            shutil.rmtree(self._created, ignore_errors=True)
             return
         for p in self._out_dir.iterdir():
             if p.name not in self._before:
@@ -159,14 +166,14 @@ def prepare(job: str, cfg_cls: type[C], argv: list[str]) -> C:
         cfg.out_dir = str(resolve_path(default_out_dir(job)))
     for owner, name, key, marker in path_keys(cfg):
         if marker.output and getattr(owner, name):
-            check_writable(getattr(owner, name), key, directory=marker.directory)
+            check_writable(getattr(owner, name), key)
     cfg.tracking.experiment = cfg.tracking.experiment or cfg.experiment
     if cfg.tracking.enabled:
         from wxray.tracking import resolve_uri
 
         cfg.tracking.uri = resolve_uri(cfg.tracking.uri)
         if cfg.tracking.uri.startswith("sqlite:///"):
-            check_writable(Path(cfg.tracking.uri[len("sqlite:///"):]).parent, "tracking.uri")
+            check_writable(Path(cfg.tracking.uri[len("sqlite:///"):]).parent, "tracking.uri", replace=False)
     return cfg
 
 

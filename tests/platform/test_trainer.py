@@ -239,3 +239,32 @@ def test_unreachable_cluster_is_an_error_after_the_timeout(tmp_path, wave_store)
         "error: ray_address=127.0.0.1:1: no Ray cluster answers there after 2 s (Connection refused); "
         "start one with `ray start --head` or leave ray_address empty for a local cluster"]
     assert not (tmp_path / "run").exists()
+
+
+def test_nan_in_a_constant_field_fails_on_the_driver(tmp_path):
+    import xarray as xr
+
+    from wxray.errors import DataError
+    from wxray.platform.datasets import DataConfig, prepare_windows
+
+    store = tmp_path / "const.zarr"
+    write_tiny_store(store, n_traj=2, steps=10, grid=(8, 16), levels=(500,))
+    lsm = xr.open_zarr(store, consolidated=False).land_sea_mask.load()
+    lsm[1, 1] = float("nan")
+    lsm.to_dataset().to_zarr(store, mode="r+", consolidated=False)
+    with pytest.raises(DataError, match="constant field 'land_sea_mask' has 1 NaN/inf values"):
+        prepare_windows(DataConfig(store=str(store)))
+
+
+def test_ray_keywords_are_not_probed_as_addresses(monkeypatch):
+    from wxray.platform import accelerators
+
+    calls = []
+    monkeypatch.setattr(accelerators, "_reachable", lambda *a: calls.append(a))
+    import ray
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda **kw: calls.append(("init", kw.get("address"))))
+    accelerators.ensure_ray("auto")
+    accelerators.ensure_ray("[::1]:6379")
+    assert calls == [("init", "auto"), ("[::1]:6379", 60.0), ("init", "[::1]:6379")]

@@ -2,7 +2,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import xarray as xr
 
+from tests.platform.conftest import write_tiny_store
 from wxray.data.schema import open_stats, open_store
 from wxray.errors import ConfigError, DataError
 from wxray.platform.windows import WindowConfig, WindowReader, make_spec, split_anchors, to_physical, valid_anchors
@@ -69,3 +71,22 @@ def test_missing_variable_is_named(tiny_store):
         make_spec(str(path), open_store(path), open_stats(path), WindowConfig(input_variables=["2m_temperature"]))
     with pytest.raises(DataError, match="no level \\[300\\]"):
         make_spec(str(path), open_store(path), open_stats(path), WindowConfig(levels=[300]))
+
+
+def test_levels_apply_to_inputs_and_targets_together(tmp_path):
+    """A surface-only target list beside upper-air inputs is a legitimate config with data.levels."""
+    path = tmp_path / "s.zarr"
+    ds = write_tiny_store(path, n_traj=1, steps=6, levels=(500,))
+    surface = ds.temperature.isel(level=0, drop=True).rename("2m_temperature").to_dataset()
+    surface.chunk({"time": 1}).to_zarr(path, mode="a", consolidated=False)
+    stats = xr.Dataset({"2m_temperature": ((), 1.0)})
+    for g in ("mean", "std", "diff_mean", "diff_std"):
+        stats.to_zarr(path, group=f"stats/{g}", mode="a", consolidated=False)
+    cfg = WindowConfig(input_variables=["geopotential", "2m_temperature"], target_variables=["2m_temperature"],
+                       levels=[500], residual=False)
+    spec = make_spec(str(path), open_store(path), open_stats(path), cfg)
+    assert [c.name for c in spec.inputs] == ["geopotential_500", "2m_temperature"]
+    assert [c.name for c in spec.targets] == ["2m_temperature"]
+    with pytest.raises(DataError, match="levels=.500. asked for but no requested variable has pressure levels"):
+        make_spec(str(path), open_store(path), open_stats(path),
+                  WindowConfig(input_variables=["2m_temperature"], levels=[500]))

@@ -6,8 +6,8 @@ Steps: open every part lazily (`wxray.data.sources`), map it onto the convention
 long names, latitude ascending, longitude ascending — [0, 360) for a global grid, contiguous for a regional
 one, (-180, 180] when it crosses 0 E; store attrs `grid_kind`, `longitude_convention` —, valid time, hPa
 levels, auxiliary coordinates dropped), keep the requested variables / levels / ensemble member (or the ensemble mean),
-then write float32 blocks (one time step per zarr chunk, zarr v3, unconsolidated) into a temporary
-sibling of `out` (`wxray.io.atomic_path`), add the `stats/*` groups (`wxray.data.stats`) and rename.
+then write float32 blocks (one time step per zarr chunk, zarr v3) into a temporary sibling of `out`
+(`wxray.io.atomic_path`), add the `stats/*` groups (`wxray.data.stats`), consolidate the metadata, rename.
 Any failure — unreadable or corrupt file, missing variable or level, NaNs, a bad time axis — is a
 one-line `DataError` and leaves no store behind.
 

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from wxray.config import InPath, NonNegInt, OutDir, PosInt, Seed
+from wxray.config import InPath, NonNegInt, OutDir, PosInt, Range, Seed
 from wxray.errors import ConfigError
 from wxray.job import JobConfig, JobContext
+
+ClimWindow = Annotated[int, Range(0, 183)]  # a circular day-of-year window of at most half a year
 
 
 def parse_grid(grid: str) -> tuple[int, int]:
@@ -33,7 +35,7 @@ class PrepareDataConfig(JobConfig):
     levels: list[PosInt] = field(default_factory=list)  # hPa; [] = every level in the source
     member: NonNegInt | Literal["mean"] | None = None  # ensemble sources: a member number or the ensemble mean
     allow_missing: bool = False  # keep NaN / missing values (masked) instead of rejecting the source
-    clim_window_days: NonNegInt = 15  # half width (days) of the day-of-year window of the climatology
+    clim_window_days: ClimWindow = 15  # half width (days) of the day-of-year window of the climatology
     overwrite: bool = False  # replace an existing store at `out`
 
     experiment = "wxray-data"
@@ -43,8 +45,6 @@ class PrepareDataConfig(JobConfig):
             raise ConfigError("config key 'source' is required (a GRIB/NetCDF file, a glob or a zarr store)")
         if not self.out:
             raise ConfigError("config key 'out' is required (the zarr store to write)")
-        if not 0 <= self.clim_window_days <= 183:
-            raise ConfigError(f"config key 'clim_window_days' expects 0..183, got {self.clim_window_days}")
 
 
 @dataclass
@@ -57,15 +57,13 @@ class SampleDataConfig(JobConfig):
     seed: Seed = 0  # seed of the random initial states
     trajectories: PosInt = 4  # independent runs laid end to end along time
     spinup_days: NonNegInt = 5  # integrated and discarded before each trajectory's first kept step
-    clim_window_days: NonNegInt = 15  # half width (days) of the day-of-year window of the climatology
+    clim_window_days: ClimWindow = 15  # half width (days) of the day-of-year window of the climatology
     overwrite: bool = False  # replace an existing store at `out`
 
     experiment = "wxray-data"
 
     def validate(self) -> None:
         parse_grid(self.grid)
-        if not 0 <= self.clim_window_days <= 183:
-            raise ConfigError(f"config key 'clim_window_days' expects 0..183, got {self.clim_window_days}")
 
 
 def prepare_data_main(cfg: PrepareDataConfig, ctx: JobContext) -> dict[str, Any]:

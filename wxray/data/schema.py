@@ -145,16 +145,17 @@ class Channel:
 
 
 def channels(ds: xr.Dataset, variables: list[str] | tuple[str, ...], levels: list[int] | tuple[int, ...] = (),
-             source: str = "store") -> list[Channel]:
+             source: str = "store", check_levels: bool = True) -> list[Channel]:
     """Expand variables x levels into channels, checking that each exists in `ds`.
 
     `levels` asked for when no requested variable has a level dim is an error (as in prepare_data's
-    `wxray.data.normalize.select`), not silently ignored."""
+    `wxray.data.normalize.select`), not silently ignored; `check_levels=False` leaves that check to a
+    caller that expands several variable lists with the same levels (training inputs and targets)."""
     out: list[Channel] = []
     for v in variables:
         if v not in ds.data_vars:
             raise DataError(f"{source}: variable '{v}' not found (has: {', '.join(map(str, ds.data_vars))})")
-    if levels and variables and not any(LEVEL in ds[v].dims for v in variables):
+    if check_levels and levels and variables and not any(LEVEL in ds[v].dims for v in variables):
         on = [str(v) for v in ds.data_vars if LEVEL in ds[v].dims]
         off = [str(v) for v in ds.data_vars if LEVEL not in ds[v].dims]
         raise DataError(f"{source}: levels={list(levels)} asked for but no requested variable has pressure "

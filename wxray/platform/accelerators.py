@@ -18,6 +18,7 @@ import torch
 
 from wxray.config import PosFloat, PosInt
 from wxray.errors import ConfigError
+from wxray.job import verbose
 
 
 @dataclass
@@ -49,11 +50,13 @@ def _reachable(address: str, timeout_s: float) -> None:
     target = address.split("://", 1)[-1]
     host, sep, port = target.rpartition(":")
     if not sep or not port.isdigit():
-        raise ConfigError(f"ray_address={address!r}: expected host:port (e.g. 10.0.0.1:6379) or ray://host:port")
+        raise ConfigError(f"ray_address={address!r}: expected host:port (e.g. 10.0.0.1:6379), ray://host:port, "
+                          f"auto or local")
+    host = host.strip("[]") or "127.0.0.1"  # [::1]:6379
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            with socket.create_connection((host or "127.0.0.1", int(port)), timeout=min(5.0, timeout_s)):
+            with socket.create_connection((host, int(port)), timeout=min(5.0, timeout_s)):
                 return
         except OSError as e:
             if time.monotonic() >= deadline:
@@ -75,13 +78,14 @@ def ensure_ray(address: str = "", num_cpus: int | None = None, timeout_s: float 
 
     if ray.is_initialized():
         return
-    loud = os.environ.get("WXRAY_VERBOSE", "") not in ("", "0")
+    loud = verbose()
     if not loud:
         _quiet_ray()
     kwargs: dict = {"log_to_driver": loud, "configure_logging": loud}
     env_address = os.environ.get("RAY_ADDRESS", "")
-    if address or env_address not in ("", "auto", "local"):
-        _reachable(address or env_address, timeout_s)
+    target = address or env_address
+    if target not in ("", "auto", "local"):  # Ray's own keywords: nothing to probe
+        _reachable(target, timeout_s)
     if address:
         ray.init(address=address, **kwargs)
     elif env_address:

@@ -42,20 +42,16 @@ DEFAULT_SAMPLE_STORE = "data/sample_32x64.zarr"
 @dataclass
 class DataConfig(WindowConfig):
     store: InPath = DEFAULT_SAMPLE_STORE  # the zarr store to train on (jobs/prepare_data.py writes one)
-    generate_sample: bool = False  # generate the shallow-water sample at `store` when missing (always done
-    # for the default sample path; any other missing store is an error)
+    generate_sample: bool = False  # also generate the sample at a missing non-default store (the default always is)
     sample_grid: tuple[PosInt, PosInt] = (32, 64)  # n_lat, n_lon of a generated sample
     sample_days: PosInt = 25  # days per trajectory of a generated sample
     sample_trajectories: PosInt = 4  # independent runs of a generated sample
     sample_seed: Seed = 0  # seed of a generated sample
     batch_size: PosInt = 8  # windows per training step and worker
-    read_batch_size: PosInt = 32  # windows per read task (one block); see benchmarks/BENCHMARKS.md
+    read_batch_size: PosInt = 32  # windows per read task (one block); see BENCHMARKS.md section 2
     read_cpus: PosFloat = 0.25  # CPU share of one read task; small so reads run beside Train workers
     shuffle_seed: Seed = 0  # order of the training windows
     progress_bars: bool = False  # Ray Data's per-operator progress bars
-
-    def validate(self) -> None:
-        super().validate()
 
 
 @dataclass
@@ -83,10 +79,15 @@ def check_complete(ds: xr.Dataset, spec: WindowSpec, splits: dict[str, np.ndarra
     """DataError naming variable and time if a window of any split holds NaN/inf, before Ray starts.
 
     Stores written by wxray record `n_missing`; only others (or ones kept with allow_missing) are scanned,
-    one time step per chunk, over the variables the model reads.
+    one time step per chunk, over the variables the model reads; constant fields are read whole.
     """
     if ds.attrs.get("n_missing") == 0:
         return
+    for c in spec.constants:
+        n = int((~np.isfinite(ds[c].values)).sum())
+        if n:
+            raise DataError(f"store {spec.store}: constant field '{c}' has {n} NaN/inf values; training needs "
+                            f"complete fields (set data.constants to the fields to use)")
     bad = np.zeros(ds.sizes[TIME], dtype=bool)
     first: dict[int, str] = {}
     for var in dict.fromkeys(c.variable for c in [*spec.inputs, *spec.targets]):

@@ -38,7 +38,6 @@ def check_model(cfg: TrainSparseConfig, data: WindowData) -> torch.nn.Module:
     except ValueError as e:
         raise ConfigError(f"model: {e}") from None
     if cfg.train.init_from:
-        cfg.train.init_from = str(Path(cfg.train.init_from).resolve())  # workers may run in another cwd
         state, _ = checkpoints.load(cfg.train.init_from, expect_model=model_identity(cfg.model, data.spec))
         checkpoints.load_model_weights(model, state, cfg.train.init_from)
     return model

@@ -113,8 +113,12 @@ def _safe_std(x: np.ndarray) -> np.ndarray:
 def make_spec(store: str, ds: xr.Dataset, stats: Stats, cfg: WindowConfig) -> WindowSpec:
     # Sorted: zarr does not promise an order of a group's members, and channel order is part of a model.
     dynamic = sorted(str(v) for v in ds.data_vars if TIME in ds[v].dims)
-    inputs = channels(ds, cfg.input_variables or dynamic, cfg.levels, source=f"store {store}")
-    targets = channels(ds, cfg.target_variables or cfg.input_variables or dynamic, cfg.levels,
+    in_vars = cfg.input_variables or dynamic
+    out_vars = cfg.target_variables or in_vars
+    # data.levels must apply to some variable the model reads or predicts (surface-only targets are fine)
+    channels(ds, list(dict.fromkeys([*in_vars, *out_vars])), cfg.levels, source=f"store {store}")
+    inputs = channels(ds, in_vars, cfg.levels, source=f"store {store}", check_levels=False)
+    targets = channels(ds, out_vars, cfg.levels, check_levels=False,
                        source=f"store {store}")
     if cfg.constants:
         consts = list(cfg.constants)
