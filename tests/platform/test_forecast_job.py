@@ -32,10 +32,10 @@ def store(tmp_path_factory):
     return path
 
 
-def _configs(store, grid_fit: str, deterministic_eval: bool = False):
+def _configs(store, grid_fit: str, **model_kw):
     data = DataConfig(store=str(store), history=2, lead_steps=1, levels=[500], grid_fit=grid_fit)
     model = ModelConfig(embed_dim=16, depth=3, num_heads=2, split=(1, 1, 1), keep_ratio=0.5, skip_channels=8,
-                        deterministic_eval=deterministic_eval)
+                        **model_kw)
     return data, model
 
 
@@ -108,6 +108,26 @@ def test_run_directory_with_config_yaml_and_padded_grid(store, tmp_path, capsys)
     assert res["first_init"] >= "2000-01-07"  # the test split is the end of the record
     fc = xr.open_zarr(res["forecast"])
     assert "member" not in fc.dims and fc.sizes["latitude"] == 9  # pad keeps every row, writes no padding
+
+
+def _anchors(store, fc) -> np.ndarray:
+    times = open_store(store).time.values
+    return np.array([int(np.flatnonzero(times == t)[0]) for t in fc.init_time.values])
+
+
+def test_checkpoint_from_before_pos_embed_forecasts_with_the_fixed_table(store, tmp_path, capsys):
+    """A meta.json without model.pos_embed was written by a model with the fixed sin-cos table."""
+    ckpt, model, spec = _save_checkpoint(tmp_path / "ckpt", store, pos_embed="fixed")
+    meta = json.loads((ckpt / "meta.json").read_text())
+    del meta["model"]["pos_embed"]
+    (ckpt / "meta.json").write_text(json.dumps(meta))
+    rc, res, err = _run(capsys, "forecast", ForecastConfig, forecast,
+                        [f"checkpoint={ckpt}", f"out_dir={tmp_path / 'fc'}", "tracking.enabled=false", "steps=1",
+                         f"inits={TRAJECTORY_1}"])
+    assert rc == 0, err
+    fc = xr.open_zarr(res["forecast"])
+    alone = rollout(model, spec, _anchors(store, fc), steps=1, batch_size=1)
+    np.testing.assert_array_equal(alone[:, :, 0], fc.geopotential.sel(level=500).values)
 
 
 @pytest.mark.parametrize("what, needle", [

@@ -28,6 +28,20 @@ def save(directory: str | Path, state: dict[str, Any], meta: dict[str, Any]) -> 
     return d
 
 
+# Model keys added after checkpoints were first written, with the value the code of that time used.
+_MODEL_KEYS_ADDED = {"pos_embed": "fixed"}  # written before model.pos_embed: the fixed sin-cos table
+
+
+def meta_model(meta: dict[str, Any]) -> dict[str, Any]:
+    """The model config a checkpoint was trained with, as meta.json records it, completed with the value an
+    older writer implied for each key added since (`_MODEL_KEYS_ADDED`); {} when meta.json has none."""
+    model = dict(meta.get("model") or {})
+    if model:
+        for key, then in _MODEL_KEYS_ADDED.items():
+            model.setdefault(key, then)
+    return model
+
+
 def read_meta(path: str | Path, expect_model: dict[str, Any] | None = None) -> dict[str, Any]:
     """Check a checkpoint's format and, optionally, that it was written by the same model; cheap (no weights)."""
     p = Path(path)
@@ -41,9 +55,7 @@ def read_meta(path: str | Path, expect_model: dict[str, Any] | None = None) -> d
     if meta.get("format") != FORMAT:
         raise CheckpointError(f"checkpoint {d}: format {meta.get('format')!r}, expected {FORMAT!r}")
     if expect_model is not None:
-        theirs = meta.get("model", {})
-        if theirs and "pos_embed" not in theirs:  # written before model.pos_embed: the fixed sin-cos table
-            theirs = {**theirs, "pos_embed": "fixed"}
+        theirs = meta_model(meta)
         diff = [k for k in ("name", "patch_size", "embed_dim", "depth", "num_heads", "mlp_ratio", "skip_channels",
                             "pos_embed")
                 if k in theirs and k in expect_model and theirs[k] != expect_model[k]]

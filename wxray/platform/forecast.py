@@ -93,7 +93,7 @@ def _run_config(ckpt: Path) -> Path | None:
 
 def training_configs(ckpt: Path, meta: dict[str, Any]) -> tuple[ModelConfig, DataConfig]:
     names = {f.name for f in fields(ModelConfig)}
-    model = {k: v for k, v in meta.get("model", {}).items() if k in names}
+    model = {k: v for k, v in checkpoints.meta_model(meta).items() if k in names}
     data = meta.get("data")
     if data is None:  # checkpoints written before meta.json held the data config
         found = _run_config(ckpt)
