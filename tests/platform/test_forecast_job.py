@@ -152,3 +152,23 @@ def test_bad_forecast_input_is_one_line(store, tmp_path, capsys, what, needle):
     last = err.strip().splitlines()[-1]
     assert last.startswith("error: ") and needle in last, last
     assert not out.exists()
+
+
+@pytest.mark.parametrize("device, cuda_devices, needle", [
+    ("cuda", 0, "config key 'device' is 'cuda' but this machine has no CUDA device"),
+    ("cuda:3", 2, "config key 'device' is 'cuda:3' but this machine has 2 CUDA device(s)"),
+    ("tpu", 0, "config key 'device' expects auto, cpu, cuda or cuda:<i>, got 'tpu'"),
+])
+def test_device_this_machine_lacks_is_one_line_before_the_job_starts(store, tmp_path, capsys, monkeypatch,
+                                                                     device, cuda_devices, needle):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda_devices > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: cuda_devices)
+    ckpt, _, _ = _save_checkpoint(tmp_path / "ckpt", store)
+    out = tmp_path / "out"
+    rc, res, err = _run(capsys, "forecast", ForecastConfig, forecast,
+                        [f"checkpoint={ckpt}", f"device={device}", f"inits={TRAJECTORY_1}", f"out_dir={out}",
+                         "tracking.enabled=false"])
+    assert rc == 2 and res is None
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("error: ") and needle in last, err
+    assert not out.exists()

@@ -65,6 +65,7 @@ class ForecastConfig(JobConfig):
                               "directory)")
         if self.inits:
             parse_range(self.inits, "inits")
+        resolve_device(self.device)  # before the job starts, not at model.to(device)
 
 
 def find_checkpoint(path: str) -> Path:
@@ -127,13 +128,27 @@ def choose_inits(ds, spec: WindowSpec, data_cfg: DataConfig, cfg: ForecastConfig
     return anchors
 
 
-def _device(name: str) -> torch.device:
+def resolve_device(name: str) -> torch.device:
+    """The torch device of config key `device`, one this machine has: auto is cuda when there is one, else
+    cpu; cuda and cuda:<i> need that CUDA (or ROCm) device. Anything else is a ConfigError naming the key."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    expects = f"config key 'device' expects auto, cpu, cuda or cuda:<i>, got {name!r}"
     try:
-        return torch.device(name)
+        device = torch.device(name)
     except RuntimeError:
-        raise ConfigError(f"config key 'device' expects auto, cpu, cuda or cuda:<i>, got {name!r}") from None
+        raise ConfigError(expects) from None
+    if device.type not in ("cpu", "cuda"):
+        raise ConfigError(expects)
+    if device.type == "cuda":
+        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if n == 0:
+            raise ConfigError(f"config key 'device' is {name!r} but this machine has no CUDA device "
+                              "(use device=cpu or device=auto)")
+        if device.index is not None and device.index >= n:
+            raise ConfigError(f"config key 'device' is {name!r} but this machine has {n} CUDA device(s), "
+                              f"cuda:0 to cuda:{n - 1}")
+    return device
 
 
 def forecast(cfg: ForecastConfig, ctx: JobContext) -> dict[str, Any]:
@@ -155,7 +170,7 @@ def forecast(cfg: ForecastConfig, ctx: JobContext) -> dict[str, Any]:
                           f"{model_cfg.selection} (deterministic_eval={model_cfg.deterministic_eval}) draws no "
                           "random routing, so every member would be the same")
     anchors = choose_inits(ds, spec, data_cfg, cfg, store)
-    device = _device(cfg.device)
+    device = resolve_device(cfg.device)
     tracker = ctx.tracker  # every input is checked: the run starts here
 
     members = list(range(cfg.routing_members)) if cfg.routing_members > 1 else None
