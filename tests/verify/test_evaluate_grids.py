@@ -125,3 +125,54 @@ def test_cropped_forecast_is_scored_on_its_truth_points(canonical, tmp_path, cap
     rc, result, err = run_evaluate([f"forecast={coarse}", f"truth={canonical}", f"out_dir={tmp_path / 'c'}",
                             "tracking.enabled=false"], capsys)
     assert rc == 2 and "grid 8x32 differs from the truth grid 16x32" in err
+
+
+def test_regional_forecast_across_greenwich_is_scored_on_its_points_of_a_global_truth(canonical, tmp_path, capsys):
+    """A regional forecast written in (-180, 180] as wxray's rollout writes a box across 0 E: the truth's
+    points from 315 E eastwards to 45 E as -45..45, against the global [0, 360) truth. It is scored on those
+    truth points (climatology and a global baseline cut to them too), exactly as against a truth that is
+    that box; with regrid=true the same (a block is not interpolated)."""
+    ds = open_store(canonical).load()
+    fc = persistence_forecast(ds, ds.time.values[:12], [6, 24])
+    fc = fc + 0.01 * fc.latitude  # not persistence itself: a nonzero difference
+    box_lon = [lon for lon in ds.longitude.values if lon >= 315 or lon <= 45]
+
+    def as_box(x: xr.Dataset) -> xr.Dataset:
+        return x.sel(longitude=box_lon).assign_coords(longitude=lambda d: ((d.longitude + 180) % 360) - 180
+                                                      ).sortby("longitude")
+
+    box = as_box(fc)
+    np.testing.assert_array_equal(box.longitude.values, np.arange(-45, 45.1, 11.25))
+    f_box = write_zarr(box, tmp_path / "box.zarr")
+    truth_box = write_raw_store(as_box(ds), tmp_path / "truth_box.zarr")  # its stats: the same climatology
+    b_full = write_zarr(persistence_forecast(ds, ds.time.values[2:14], [6, 24]).assign_coords(
+        init_time=fc.init_time), tmp_path / "base.zarr")
+    for i, baseline in enumerate(("persistence", b_full)):
+        argv = [f"forecast={f_box}", f"baseline={baseline}"]
+        want = _card([*argv, f"truth={truth_box}"], tmp_path / f"want{i}", capsys)
+        for regrid in ("false", "true"):
+            got = _card([*argv, f"truth={canonical}", f"regrid={regrid}"], tmp_path / f"got{i}{regrid}", capsys)
+            assert "acc" in got.metric.values
+            _same_scores(got, want)
+            np.testing.assert_allclose(got["rel_diff"].values, want["rel_diff"].values, rtol=1e-9)
+            np.testing.assert_array_equal(got.longitude.values, box.longitude.values)
+            np.testing.assert_allclose(got["mae_map"].values, want["mae_map"].values, rtol=1e-12)
+
+
+def test_regrid_from_a_regional_grid_does_not_fill_the_rest_of_a_global_truth(canonical, tmp_path, capsys):
+    """A finer regional grid -45..45 (not a block of the truth's points) lies in [0, 360) at 0..45 and
+    315..354.375, so its smallest and largest longitudes span the truth's 0..348.75; it still covers only
+    its 90-degree arc, and regrid=true onto the global truth is a one-line error naming the file."""
+    ds = open_store(canonical).load()
+    fc = persistence_forecast(ds, ds.time.values[:12], [6])
+    lon = np.arange(-45, 45.1, 5.625)
+    fine = fc.sel(longitude=lon % 360, method="nearest").assign_coords(longitude=lon)
+    fine = write_zarr(fine, tmp_path / "fine.zarr")
+    rc, result, err = run_evaluate([f"forecast={fine}", f"truth={canonical}", "regrid=true",
+                                    f"out_dir={tmp_path / 'a'}", "tracking.enabled=false"], capsys)
+    lines = err.strip().splitlines()
+    assert rc == 2 and result is None and len(lines) == 1, err
+    assert lines[0].startswith(f"error: forecast {fine}: regional grid (latitude -84.375..84.375, longitude "
+                               f"-45..45) does not cover the truth grid (latitude -84.375..84.375, longitude "
+                               f"0..348.75)")
+    assert not (tmp_path / "a").exists()

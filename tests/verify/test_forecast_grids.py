@@ -11,7 +11,7 @@ from tests.verify.conftest import make_store, write_stats
 from wxray.data.schema import open_store
 from wxray.errors import DataError
 from wxray.verify import latitude_weights, open_forecast, open_truth, persistence_forecast, region_mask
-from wxray.verify.forecasts import check_grid, regrid_like
+from wxray.verify.forecasts import check_grid, longitude_arc, regrid_like
 from wxray.verify.spatial import Region
 
 UK_LAT, UK_LON = np.arange(50.0, 60.01, 0.5), np.arange(-10.0, 2.01, 0.5)  # 10 W .. 2 E
@@ -117,3 +117,31 @@ def test_latitude_weights_of_a_regional_grid_are_cell_areas():
     full = latitude_weights(np.arange(-90, 90.1, 0.5))  # global: the same rows, in the same proportions
     sub = full.sel(latitude=UK_LAT).values
     np.testing.assert_allclose(w.values, sub / sub.mean(), rtol=1e-12)
+
+
+def test_longitude_arc_is_the_canonical_box():
+    assert longitude_arc(np.r_[0:46:15.0, 315:360:15.0]) == (-45.0, 45.0)  # across 0 E, given in [0, 360)
+    assert longitude_arc(np.arange(-45, 46, 15.0)) == (-45.0, 45.0)
+    assert longitude_arc(np.arange(240, 296, 5.0)) == (240.0, 295.0)  # fits in [0, 360)
+    assert longitude_arc(np.arange(-180, 180, 11.25)) == (0.0, 348.75)  # global: [0, 360)
+    assert longitude_arc(np.r_[150:181:10.0, -170:-149:10.0]) == (150.0, 210.0)  # across 180 E: [0, 360)
+
+
+def test_regrid_from_a_regional_grid_across_greenwich_interpolates_inside_its_arc_only():
+    """A 1-degree box 20 W..20 E given in [0, 360) order (0..20, then 340..359): its smallest and largest
+    longitude span the whole circle, its arc does not. Targets inside the arc (in either convention) get the
+    bilinear values; a target outside it, in the 20 E..340 E gap, is an error, not a value across the gap."""
+    lat = np.arange(40.0, 60.1, 1.0)
+    lon = np.r_[0:20.1:1.0, 340:359.1:1.0]
+    src = uk_field(lat, lon).rename(time="init_time")
+    inside_lat, inside_lon = np.arange(45.25, 55, 2.5), np.arange(-17.5, 18, 2.5)
+    want = uk_field(inside_lat, inside_lon).rename(time="init_time")["2m_temperature"]  # smooth in lon
+    for target_lon in (inside_lon, inside_lon % 360):
+        target = want.assign_coords(longitude=target_lon)
+        got = regrid_like(src, target, "forecast r.zarr")["2m_temperature"]
+        np.testing.assert_array_equal(got.longitude.values, target_lon)
+        np.testing.assert_allclose(got.values, want.values, atol=0.02)  # bilinear error on a 1-degree grid
+    across = want.assign_coords(longitude=np.arange(-17.5, 18, 2.5) + 35)  # 17.5..52.5 E: beyond 20 E
+    with pytest.raises(DataError, match=r"forecast r.zarr: regional grid \(latitude 40..60, longitude -20..20\) does "
+                                        r"not cover the truth grid \(latitude 45.25..52.75, longitude 17.5..52.5\)"):
+        regrid_like(src, across, "forecast r.zarr")

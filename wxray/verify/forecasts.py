@@ -11,9 +11,10 @@ latitude ascending; longitude ascending in the store convention (`wxray.data.sch
 [0, 360) for a global grid, a regional box contiguous, in (-180, 180] when it crosses 0 E). The forecast
 and baseline are then put in the truth's longitude convention (`check_grid`), so a forecast in [0, 360)
 and a truth in [-180, 180) on the same points match. A forecast on a block of the truth's points (a grid
-cropped to fit a model, `wxray.platform.gridfit`) is scored on those truth points, without interpolation;
-a genuinely different grid is an error, or is interpolated with regrid=true (periodically in longitude
-only for a global source grid).
+cropped to fit a model, `wxray.platform.gridfit`, or a regional box across 0 E, -45..45, of a global
+[0, 360) truth) is scored on those truth points, without interpolation; a genuinely different grid is an
+error, or is interpolated with regrid=true (periodically in longitude only for a global source grid; a
+regional source covers only its arc, `longitude_arc`). Errors give longitudes on the canonical axis.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from wxray.data.schema import (
     LAT,
     LEVEL,
     LON,
+    LON_360,
     SHORT_NAMES,
     TIME,
     canonical_longitudes,
@@ -221,24 +223,52 @@ def same_grid(a: xr.Dataset | xr.DataArray, b: xr.Dataset | xr.DataArray) -> boo
                for d in (LAT, LON))
 
 
+def longitude_arc(lon: np.ndarray, where: str = "grid") -> tuple[float, float]:
+    """(west, east): the ends of a longitude axis in its canonical convention (`canonical_longitudes`).
+
+    A regional axis spans the arc eastwards from `west` to `east` that the widest gap between neighbouring
+    meridians leaves (ties go to the gap through 0 E, as in `canonical_longitudes`), e.g. (-45, 45) for
+    315..359 and 0..45 E; a global axis gives its first and last meridian in [0, 360).
+    """
+    values, _, convention = canonical_longitudes(lon, where, split_ok=True)
+    u = np.unique(wrap_longitudes(values, LON_360))
+    gaps = np.diff(np.append(u, u[0] + 360.0))
+    k = u.size - 1 if gaps[-1] >= gaps.max() - 1e-9 else int(np.argmax(gaps))
+    west, east = wrap_longitudes(np.array([u[(k + 1) % u.size], u[k]]), convention)
+    return float(west), float(east)
+
+
 def regrid_like(forecast: xr.Dataset, target: xr.Dataset | xr.DataArray, source: str = "forecast") -> xr.Dataset:
-    """Bilinear interpolation onto the target grid (both oriented, in one longitude convention).
+    """Bilinear interpolation onto the target grid (both oriented, in any longitude conventions).
 
     A global source grid is periodic in longitude (no gap at the seam) and target rows poleward of its
-    outermost latitudes take the value of that outermost row. A regional source grid is not extended:
-    it must cover the target grid (DataError naming `source` otherwise).
+    outermost latitudes take the value of that outermost row. A regional source grid is its arc
+    (`longitude_arc`: positions west + ((lon - west) mod 360), so a box across 0 E is one interval in
+    either convention) and its latitude range, not extended: every target point must lie inside it
+    (DataError naming `source` otherwise; nothing across the gap outside the arc is filled).
     """
     lon, lat = forecast[LON].values, forecast[LAT].values
     t_lat, t_lon = np.asarray(target[LAT].values), np.asarray(target[LON].values)
     if grid_kind(lon) != GLOBAL:
         tol = 1e-6
-        if (t_lat.min() < lat[0] - tol or t_lat.max() > lat[-1] + tol or t_lon.min() < lon[0] - tol
-                or t_lon.max() > lon[-1] + tol):
-            raise DataError(f"{source}: regional grid (latitude {lat[0]:g}..{lat[-1]:g}, longitude "
-                            f"{lon[0]:g}..{lon[-1]:g}) does not cover the truth grid (latitude "
-                            f"{t_lat.min():g}..{t_lat.max():g}, longitude {t_lon.min():g}..{t_lon.max():g})")
-        at = {LAT: np.clip(t_lat, lat[0], lat[-1]), LON: np.clip(t_lon, lon[0], lon[-1])}
-        return forecast.interp(at, method="linear").assign_coords({LAT: t_lat, LON: t_lon})
+        west, east = longitude_arc(lon, source)
+        width = float(np.mod(east - west, 360.0))
+
+        def offset(x: np.ndarray) -> np.ndarray:  # degrees east of `west`, in [-tol, 360 - tol)
+            return np.mod(np.asarray(x, dtype=np.float64) - west + tol, 360.0) - tol
+
+        t_off = offset(t_lon)
+        if t_lat.min() < lat[0] - tol or t_lat.max() > lat[-1] + tol or t_off.max() > width + tol:
+            raise DataError(f"{source}: regional grid ({_extent(forecast)}) does not cover the truth grid "
+                            f"({_extent(target)}); regrid=true does not extend a regional grid")
+        s_off = offset(lon)
+        order = np.argsort(s_off, kind="stable")
+        unwrapped = forecast.isel({LON: order}).assign_coords({LON: west + s_off[order]})
+        at = {LAT: np.clip(t_lat, lat[0], lat[-1]), LON: west + np.clip(t_off, s_off.min(), s_off.max())}
+        return unwrapped.interp(at, method="linear").assign_coords({LAT: t_lat, LON: t_lon})
+    lon = wrap_longitudes(lon, LON_360)
+    forecast = forecast.assign_coords({LON: lon}).isel({LON: np.argsort(lon, kind="stable")})
+    lon = forecast[LON].values
     padded = xr.concat([forecast.isel({LON: [-1]}).assign_coords({LON: [lon[-1] - 360.0]}), forecast,
                         forecast.isel({LON: [0]}).assign_coords({LON: [lon[0] + 360.0]})], dim=LON)
     edges = []
@@ -248,12 +278,15 @@ def regrid_like(forecast: xr.Dataset, target: xr.Dataset | xr.DataArray, source:
     if lat[-1] < 90:
         edges.append(padded.isel({LAT: [-1]}).assign_coords({LAT: [90.0]}))
     padded = xr.concat(edges, dim=LAT) if len(edges) > 1 else padded
-    return padded.interp({LAT: t_lat, LON: t_lon}, method="linear")
+    at = {LAT: t_lat, LON: wrap_longitudes(t_lon, LON_360)}
+    return padded.interp(at, method="linear").assign_coords({LON: t_lon})
 
 
-def _extent(ds: xr.Dataset) -> str:
-    lat, lon = ds[LAT].values, ds[LON].values
-    return f"latitude {lat[0]:g}..{lat[-1]:g}, longitude {lon[0]:g}..{lon[-1]:g}"
+def _extent(ds: xr.Dataset | xr.DataArray) -> str:
+    """"latitude S..N, longitude W..E", the longitudes from the canonical axis (`longitude_arc`)."""
+    lat = ds[LAT].values
+    west, east = longitude_arc(ds[LON].values)
+    return f"latitude {lat.min():g}..{lat.max():g}, longitude {west:g}..{east:g}"
 
 
 def _positions(sub: np.ndarray, full: np.ndarray, tol: float = 1e-6) -> np.ndarray | None:
@@ -278,7 +311,11 @@ def subgrid(small: xr.Dataset | xr.DataArray, large: xr.Dataset | xr.DataArray) 
 
 
 def crop_to(ds: xr.Dataset, grid: xr.Dataset | xr.DataArray, what: str) -> xr.Dataset:
-    """`ds` on the points of `grid`, a block of its grid (index selection, lazy), with `grid`'s coordinates."""
+    """`ds` on the points of `grid`, a block of its grid (index selection, lazy), with `grid`'s coordinates.
+
+    `ds` is first oriented in `grid`'s longitude convention, so a box across 0 E in (-180, 180] is a block
+    of a global [0, 360) grid (its 315..359 and 0..45 E columns)."""
+    ds = orient(ds, what, longitude_convention(grid[LON].values))
     idx = subgrid(grid, ds)
     if idx is None:
         raise DataError(f"{what}: grid {ds.sizes[LAT]}x{ds.sizes[LON]} does not contain the points of the "
@@ -292,7 +329,9 @@ def check_grid(forecast: xr.Dataset, truth: xr.Dataset, source: str, regrid: boo
     * the same grid: the truth's coordinates taken over;
     * a block of the truth grid (contiguous rows and columns, e.g. a model grid cropped to fit its
       patches, wxray.platform.gridfit): kept with the truth's coordinate values; the caller scores it on
-      those truth points (`crop_to`);
+      those truth points (`crop_to`). A regional forecast is a block either in the truth's convention or
+      in its own canonical one (a box across 0 E, -45..45, of a global [0, 360) truth: then it is
+      returned in (-180, 180], and `crop_to` cuts the truth, its climatology and a baseline to it);
     * the truth grid a block of the forecast's (e.g. a baseline on the full grid when the truth was cropped
       to the forecast's): the truth's points selected, no interpolation;
     * otherwise interpolated with `regrid`, or a DataError.
@@ -303,6 +342,12 @@ def check_grid(forecast: xr.Dataset, truth: xr.Dataset, source: str, regrid: boo
     inside = subgrid(forecast, truth)
     if inside is not None:
         return forecast.assign_coords({LAT: truth[LAT].values[inside[LAT]], LON: truth[LON].values[inside[LON]]})
+    if grid_kind(forecast[LON].values) != GLOBAL:  # a block of the truth in the forecast's own convention?
+        own = orient(forecast, source)
+        t_lon = np.sort(wrap_longitudes(truth[LON].values, longitude_convention(own[LON].values)))
+        rows, cols = _positions(own[LAT].values, truth[LAT].values), _positions(own[LON].values, t_lon)
+        if rows is not None and cols is not None:
+            return own.assign_coords({LAT: truth[LAT].values[rows], LON: t_lon[cols]})
     if subgrid(truth, forecast) is not None:
         return crop_to(forecast, truth, source)
     if not regrid:
