@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import shutil
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -32,6 +34,17 @@ def store(tmp_path_factory):
     return path
 
 
+@pytest.fixture(scope="module")
+def doubled(store, tmp_path_factory):
+    """`store` with every field and statistic times 2: the same channels, other statistics."""
+    path = tmp_path_factory.mktemp("fc") / "doubled.zarr"
+    (xr.open_zarr(store, consolidated=False) * 2).drop_encoding().to_zarr(path, zarr_format=3, consolidated=False)
+    for name in ("mean", "std", "diff_mean", "diff_std"):
+        stat = xr.open_zarr(store, group=f"stats/{name}", consolidated=False) * 2
+        stat.drop_encoding().to_zarr(path, group=f"stats/{name}", zarr_format=3, consolidated=False, mode="w")
+    return path
+
+
 def _configs(store, grid_fit: str, **model_kw):
     data = DataConfig(store=str(store), history=2, lead_steps=1, levels=[500], grid_fit=grid_fit)
     model = ModelConfig(embed_dim=16, depth=3, num_heads=2, split=(1, 1, 1), keep_ratio=0.5, skip_channels=8,
@@ -44,8 +57,9 @@ def _spec(store, data, model):
                     data.grid_fit)
 
 
-def _save_checkpoint(directory, store, grid_fit="crop", data_in_meta=True, **kw):
-    """A freshly initialised model saved as training saves it (faster than training one)."""
+def _save_checkpoint(directory, store, grid_fit="crop", data_in_meta=True, normalisation=True, **kw):
+    """A freshly initialised model saved as training saves it (faster than training one); without
+    `data_in_meta` / `normalisation` as checkpoints written before meta.json kept them."""
     data, model_cfg = _configs(store, grid_fit, **kw)
     spec = _spec(store, data, model_cfg)
     torch.manual_seed(0)
@@ -53,6 +67,8 @@ def _save_checkpoint(directory, store, grid_fit="crop", data_in_meta=True, **kw)
     meta = {"model": model_identity(model_cfg, spec), "epoch": 1, "step": 1}
     if data_in_meta:
         meta["data"] = {**to_dict(data), "store": spec.store}
+    if normalisation:
+        meta[checkpoints.NORMALISATION] = checkpoints.normalisation_meta(spec)
     return checkpoints.save(directory, {"model": model.state_dict()}, meta), model, spec
 
 
@@ -171,4 +187,56 @@ def test_device_this_machine_lacks_is_one_line_before_the_job_starts(store, tmp_
     assert rc == 2 and res is None
     last = err.strip().splitlines()[-1]
     assert last.startswith("error: ") and needle in last, err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("checkpoint", ["normalisation in meta.json", "older: the training store's stats"])
+def test_another_store_is_normalised_with_the_training_statistics(store, doubled, tmp_path, capsys, monkeypatch,
+                                                                   checkpoint):
+    older = checkpoint.startswith("older")
+    ckpt, model, spec = _save_checkpoint(tmp_path / "ckpt", store, normalisation=not older)
+    if older:  # and a relative data.store, as older config.yaml files hold it: relative to the wxray home
+        meta = json.loads((ckpt / "meta.json").read_text())
+        meta["data"]["store"] = store.name
+        (ckpt / "meta.json").write_text(json.dumps(meta))
+        monkeypatch.setenv("WXRAY_HOME", str(store.parent))
+    rc, res, err = _run(capsys, "forecast", ForecastConfig, forecast,
+                        [f"checkpoint={ckpt}", f"store={doubled}", f"out_dir={tmp_path / 'fc'}",
+                         "tracking.enabled=false", "steps=2", f"inits={TRAJECTORY_1}"])
+    assert rc == 0, err
+    fc = xr.open_zarr(res["forecast"])
+    data, model_cfg = _configs(store, "crop")
+    other = open_store(doubled)
+    trained = fit_spec(make_spec(str(doubled), other, open_stats(store), data), model_cfg.patch_size, "crop")
+    own = fit_spec(make_spec(str(doubled), other, open_stats(doubled), data), model_cfg.patch_size, "crop")
+    assert not np.array_equal(trained.in_std, own.in_std)
+    anchors = _anchors(doubled, fc)
+    got = fc.geopotential.sel(level=500).values
+    np.testing.assert_array_equal(rollout(model, trained, anchors, steps=2, batch_size=1)[:, :, 0], got)
+    assert not np.allclose(rollout(model, own, anchors, steps=2, batch_size=1)[:, :, 0], got)
+
+
+def test_normalisation_round_trips_through_meta_json(store, tmp_path):
+    ckpt, _, spec = _save_checkpoint(tmp_path / "ckpt", store)
+    meta = checkpoints.read_meta(ckpt)
+    vectors = ("in_mean", "in_std", "out_mean", "out_std", "const_mean", "const_std")
+    blank = replace(spec, **{v: np.zeros_like(getattr(spec, v)) for v in vectors})
+    back = checkpoints.apply_normalisation(blank, meta, ckpt)
+    for v in vectors:  # bit for bit, float32
+        assert getattr(back, v).dtype == np.float32 and np.array_equal(getattr(back, v), getattr(spec, v)), v
+    assert checkpoints.apply_normalisation(blank, {}, ckpt) is None  # older checkpoints: the caller decides
+
+
+def test_older_checkpoint_whose_training_store_is_gone_is_one_line(store, tmp_path, capsys):
+    gone = tmp_path / "gone.zarr"
+    shutil.copytree(store, gone)
+    ckpt, _, _ = _save_checkpoint(tmp_path / "ckpt", gone, normalisation=False)
+    shutil.rmtree(gone)
+    out = tmp_path / "out"
+    rc, res, err = _run(capsys, "forecast", ForecastConfig, forecast,
+                        [f"checkpoint={ckpt}", f"store={store}", f"out_dir={out}", "tracking.enabled=false",
+                         f"inits={TRAJECTORY_1}"])
+    assert rc == 2 and res is None
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("error: ") and f"data.store={gone} is gone" in last, err
     assert not out.exists()

@@ -195,6 +195,7 @@ def test_training_on_a_padded_grid_and_its_routing_ensemble(ray_session, tmp_pat
     assert (out / "forecast_map_test.png").stat().st_size > 1000
     meta = json.loads((Path(res["checkpoint"]) / "meta.json").read_text())
     assert meta["data"]["grid_fit"] == "pad" and meta["data"]["store"] == str(store.resolve())
+    assert meta["normalisation"]["targets"] == ["geopotential_500", "temperature_500"]  # forecasts on other stores
     card = result(run_job("evaluate", EvaluateConfig, evaluate,
                           [f"forecast={res['forecast']}", f"truth={store}", "n_bootstrap=200", "plots=false",
                            f"out_dir={tmp_path / 'ev'}", f"tracking.uri=sqlite:///{tmp_path}/m.db"]))

@@ -3,18 +3,24 @@
 The state holds model and optimiser state, the position in the data and the LR schedule (epoch,
 global step, windows seen) and the torch RNG state. `meta.json` names the format and the model config,
 so a foreign or mismatched checkpoint is a one-line `CheckpointError` rather than a shape error deep
-inside `load_state_dict`.
+inside `load_state_dict`; it also keeps the data config and the normalisation the model was trained
+with (`normalisation`: channel names beside their mean/std vectors), so a forecast from another store
+normalises as training did. Checkpoints written before a key existed stay readable (`meta_model`,
+`apply_normalisation` returns None).
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from wxray.errors import CheckpointError
+from wxray.platform.windows import WindowSpec
 
 FORMAT = "wxray-train-checkpoint-v1"
 STATE, META = "state.pt", "meta.json"
@@ -40,6 +46,47 @@ def meta_model(meta: dict[str, Any]) -> dict[str, Any]:
         for key, then in _MODEL_KEYS_ADDED.items():
             model.setdefault(key, then)
     return model
+
+
+NORMALISATION = "normalisation"
+# meta.json's `normalisation`: the spec's channel names (key) and the WindowSpec vectors that go with them.
+_VECTORS = {"inputs": ("in_mean", "in_std"), "targets": ("out_mean", "out_std"),
+            "constants": ("const_mean", "const_std")}
+
+
+def _names(spec: WindowSpec, key: str) -> list[str]:
+    return list(spec.constants) if key == "constants" else [c.name for c in getattr(spec, key)]
+
+
+def normalisation_meta(spec: WindowSpec) -> dict[str, list]:
+    """The normalisation of `spec` as meta.json keeps it. float32 values are written as the doubles they
+    are, so `apply_normalisation` reads them back bit for bit."""
+    out: dict[str, list] = {}
+    for key, vectors in _VECTORS.items():
+        out[key] = _names(spec, key)
+        out.update({v: np.asarray(getattr(spec, v), np.float32).tolist() for v in vectors})
+    return out
+
+
+def apply_normalisation(spec: WindowSpec, meta: dict[str, Any], where: str | Path) -> WindowSpec | None:
+    """`spec` with the normalisation its checkpoint was trained with, or None when meta.json predates
+    `normalisation`. The channels of `spec` must be the checkpoint's, in its order (CheckpointError)."""
+    saved = meta.get(NORMALISATION)
+    if saved is None:
+        return None
+    new = {}
+    for key, vectors in _VECTORS.items():
+        have = _names(spec, key)
+        if saved.get(key) != have:
+            raise CheckpointError(f"checkpoint {where}: {META} normalises {key} {saved.get(key)}, the store has "
+                                  f"{have}")
+        for v in vectors:
+            values = np.asarray(saved.get(v, ()), np.float32)
+            if values.shape != (len(have),):
+                raise CheckpointError(f"checkpoint {where}: {META} normalisation.{v} has {values.size} values, "
+                                      f"expected one per {key[:-1]} ({len(have)})")
+            new[v] = values
+    return replace(spec, **new)
 
 
 def read_meta(path: str | Path, expect_model: dict[str, Any] | None = None) -> dict[str, Any]:

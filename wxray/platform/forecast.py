@@ -10,7 +10,8 @@ persistence where the store has the truth.
 directory. The model and data configs are the ones the checkpoint was trained with: its meta.json
 (`model`, `data`), else the run directory's config.yaml. The store (`store=`) may be another one with
 the same channels, e.g. a later period; an init needs only its history in the store, and inits with
-truth for every lead are scored.
+truth for every lead are scored. Whatever the store, windows are normalised as in training: with the
+vectors meta.json keeps (`normalisation`), or for older checkpoints the training store's statistics.
 
 `routing_members` = M > 1 forecasts every init M times, member m drawing its token selection from a
 generator seeded by (seed, init time, m) (rollout.py), so a member can be recomputed alone; M = 1 is
@@ -25,10 +26,12 @@ from typing import Any
 
 import numpy as np
 import torch
+import xarray as xr
 
 from wxray.config import InPath, PosInt, Seed, from_dict, load_yaml
-from wxray.data.schema import TIME, open_stats, open_store
+from wxray.data.schema import TIME, Stats, open_stats, open_store
 from wxray.errors import CheckpointError, ConfigError, DataError
+from wxray.io import resolve_path
 from wxray.job import JobConfig, JobContext
 from wxray.platform import checkpoints
 from wxray.platform.datasets import DataConfig
@@ -108,6 +111,29 @@ def training_configs(ckpt: Path, meta: dict[str, Any]) -> tuple[ModelConfig, Dat
         raise CheckpointError(f"checkpoint {ckpt}: its training config does not load here ({e})") from None
 
 
+def _placeholder_stats(ds: xr.Dataset) -> Stats:
+    """Mean 0 and std 1 for every variable of `ds`: `make_spec`'s channels and grid without reading the
+    store's statistics, for a spec whose normalisation is then replaced by the checkpoint's."""
+    zero, one = (xr.Dataset({v: ((), value) for v in ds.data_vars}) for value in (0.0, 1.0))
+    return Stats(mean=zero, std=one, diff_mean=zero, diff_std=one, climatology=None)
+
+
+def trained_spec(ckpt: Path, meta: dict[str, Any], store: str, ds: xr.Dataset, model_cfg: ModelConfig,
+                 data_cfg: DataConfig) -> WindowSpec:
+    """The windows of `store` normalised as the checkpoint was trained, whatever store is forecast: the
+    vectors meta.json keeps, else (older checkpoints) the statistics of the training store `data.store`."""
+    spec = make_spec(store, ds, _placeholder_stats(ds), data_cfg)
+    trained = checkpoints.apply_normalisation(spec, meta, ckpt)
+    if trained is None:  # written before meta.json kept the normalisation
+        train_store = resolve_path(data_cfg.store)
+        if not train_store.exists():
+            raise CheckpointError(f"checkpoint {ckpt}: its {checkpoints.META} predates the saved normalisation and "
+                                  f"its training store data.store={train_store} is gone (its stats/ are needed "
+                                  "to normalise as in training)")
+        trained = make_spec(store, ds, open_stats(train_store), data_cfg)
+    return fit_spec(trained, model_cfg.patch_size, data_cfg.grid_fit)
+
+
 def choose_inits(ds, spec: WindowSpec, data_cfg: DataConfig, cfg: ForecastConfig, store: str) -> np.ndarray:
     """Anchors (index of the last input step) of the inits to forecast from."""
     times = ds[TIME].values
@@ -155,9 +181,9 @@ def forecast(cfg: ForecastConfig, ctx: JobContext) -> dict[str, Any]:
     ckpt = find_checkpoint(cfg.checkpoint)
     meta = checkpoints.read_meta(ckpt)
     model_cfg, data_cfg = training_configs(ckpt, meta)
-    store = str(Path(cfg.store or data_cfg.store).expanduser().resolve())
+    store = cfg.store or str(resolve_path(data_cfg.store))  # cfg.store is absolute already
     ds = open_store(store)
-    spec = fit_spec(make_spec(store, ds, open_stats(store), data_cfg), model_cfg.patch_size, data_cfg.grid_fit)
+    spec = trained_spec(ckpt, meta, store, ds, model_cfg, data_cfg)
     state, _ = checkpoints.load(ckpt, expect_model=model_identity(model_cfg, spec))
     try:
         model = build_forecaster(model_cfg, spec)

@@ -275,7 +275,8 @@ def train_fn_per_worker(config: dict[str, Any]) -> None:
                     state = {"model": model_sd, "optimizer": opt_sd, "samples_seen": seen,
                              "epoch": epoch, "step": step, "torch_rng": torch.get_rng_state()}
                     checkpoints.save(tmp, state, {"model": config["model_identity"], "epoch": epoch + 1, "step": step,
-                                                  "data": {**config["cfg"]["data"], "store": spec.store}})
+                                                  "data": {**config["cfg"]["data"], "store": spec.store},
+                                                  checkpoints.NORMALISATION: checkpoints.normalisation_meta(spec)})
                     ckpt = ray.train.Checkpoint.from_directory(tmp)
                 reporter.report(metrics, step, checkpoint=ckpt)
         else:
