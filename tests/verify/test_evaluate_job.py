@@ -193,8 +193,8 @@ BAD_FORECASTS = [
     (_nested(1, 3), [], "need at least 2 groups for the ANOVA split"),
     (_nested(3, 1), [], "need at least 2 replicates for the ANOVA split"),
     (_with_nan, [], "'2m_temperature' lead 24 h: 1 NaN values in forecast or truth (set skipna=true"),
-    (lambda ds: ds.isel(init_time=slice(0, 3)), [], "3 initialisations are too few for the HAC variance (need "
-     "at least 4)"),
+    (lambda ds: ds.isel(init_time=slice(0, 5)), [], "'2m_temperature' lead 6 h: 5 initialisations are too few "
+     "for the fixed-b HAC variance (need at least 6; significance_method=paper needs 4)"),
     (lambda ds: ds.isel(init_time=slice(0, 3)), ["significance_method=paper"],
      "3 initialisations are too few for the block bootstrap"),
     (lambda ds: ds, ["variables=[vorticity]"], "variable 'vorticity' not found"),

@@ -121,9 +121,13 @@ def test_series_too_short_for_the_bootstrap():
     with pytest.raises(DataError, match="correlation length 4"):
         check_series_length(7, 4, "temperature_850 lead 24 h")
     check_series_length(8, 4, "ok")
-    with pytest.raises(DataError, match="3 initialisations are too few for the HAC variance"):
-        check_series_length(3, None, "temperature_850 lead 24 h")
-    check_series_length(4, None, "ok")
+    check_series_length(4, 2, "ok")  # the bootstrap runs from 4
+    for n in (3, 4, 5):
+        with pytest.raises(DataError, match=rf"^temperature_850 lead 24 h: {n} initialisations are too few for "
+                                            r"the fixed-b HAC variance \(need at least 6; significance_method="
+                                            r"paper needs 4\)$"):
+            check_series_length(n, None, "temperature_850 lead 24 h")
+    check_series_length(6, None, "ok")
 
 
 def test_bartlett_variance_matches_arch():
@@ -163,8 +167,11 @@ def test_paper_diebold_mariano_size_and_power_on_ar1_loss_differentials():
 def test_diebold_mariano_rejects_too_short_series_and_unknown_methods():
     with pytest.raises(DataError, match="too few"):
         diebold_mariano(np.ones(2), np.zeros(2), lag=1, method="paper")
-    with pytest.raises(DataError, match="too few"):
-        diebold_mariano(np.ones(3), np.zeros(3))
+    for n in (3, 4, 5):
+        with pytest.raises(DataError, match=f"{n} initialisations are too few for the fixed-b test"):
+            diebold_mariano(np.arange(n, dtype=float), np.zeros(n))
+        with pytest.raises(DataError, match=f"HAC variance: {n} initialisations are too few"):
+            hac_interval([np.arange(n, dtype=float)], lambda a: a.mean(-1))
     with pytest.raises(DataError, match="one of fixed-b, paper"):
         diebold_mariano(np.ones(10), np.zeros(10), method="bootstrap")
 
@@ -186,7 +193,8 @@ def test_bias_corrected_lag1_is_unbiased_where_r1_is_not():
     assert float(lag1_autocorrelation(x).mean()) == pytest.approx(0.73, abs=0.01)  # 0.07 low
     assert float(bias_corrected_lag1(x).mean()) == pytest.approx(0.8, abs=0.01)  # sampling sd ~0.0015
     assert float(bias_corrected_lag1(np.ones(30))) == pytest.approx(1 / 26)  # constant: r1 = 0
-    assert float(bias_corrected_lag1(np.arange(5.0))) == 0.97  # too short to correct: the cap
+    with pytest.raises(DataError, match="5 initialisations are too few"):  # (n r1 + 1)/(n - 4): no estimate
+        bias_corrected_lag1(np.arange(5.0))
 
 
 def test_jackknife_influence_linearises_paired_statistics():
@@ -260,3 +268,31 @@ def test_scorecard_uses_the_chosen_method(tmp_path):
     assert float(rmse["significant"]) == float(float(rmse["dm_p_value"]) < 0.05)
     with pytest.raises(DataError, match="one of fixed-b, paper"):
         build_scorecard(Model("f", data), ds, chans, method="wilks")
+
+
+def test_fixed_b_needs_six_initialisations_and_gives_sane_intervals_from_there(tmp_path):
+    """n = 4-5: no estimate of the autocorrelation holds the level (module docstring), so the scorecard
+    refuses them with the channel and lead; the paper method (bootstrap) is named as the alternative. From
+    n = 6 the intervals are of the order of the standard error, not the ~100-400x a capped rho gave."""
+    from tests.verify.conftest import make_store
+    from wxray.data.schema import channels, open_store
+    from wxray.verify import persistence_forecast
+    from wxray.verify.scorecard import Model, build_scorecard
+
+    ds = open_store(make_store(tmp_path / "store.zarr"))
+    chans = channels(ds, ["2m_temperature"])
+    for n in (4, 5):
+        data = persistence_forecast(ds, ds.time.values[:n], [6], ["2m_temperature"])
+        with pytest.raises(DataError, match=rf"^f '2m_temperature' lead 6 h: {n} initialisations are too few for "
+                                            r"the fixed-b HAC variance \(need at least 6; significance_method=paper"):
+            build_scorecard(Model("f", data), ds, chans)
+    n = 6
+    card = build_scorecard(Model("f", persistence_forecast(ds, ds.time.values[:n], [6], ["2m_temperature"])),
+                           ds, chans)
+    assert int(card["n_init"].squeeze()) == n and np.isfinite(card["ci_upper"].sel(metric="rmse")).all()
+    d = np.random.default_rng(15).standard_normal((4000, n))  # white noise: the mean's standard error 1/sqrt(n)
+    ci = hac_interval([d], lambda a: a.mean(-1))
+    c = fixed_b_critical_value(hac_bandwidth(n) / (n - 1))
+    # The half-width is c sqrt(V/n) with V estimating 1: its median below 2 c / sqrt(n) means V's median is
+    # below 4 (a capped rho = 0.97 multiplies V by ~1/0.03^2).
+    assert float(np.median((ci.upper - ci.lower) / 2)) < 2 * c / np.sqrt(n)
