@@ -14,9 +14,10 @@ import xarray as xr
 from tests.platform.conftest import write_tiny_store
 from wxray.config import dump_yaml, to_dict
 from wxray.data.schema import open_stats, open_store
-from wxray.job import run_job
+from wxray.job import JobContext, run_job
 from wxray.platform import checkpoints
-from wxray.platform.datasets import DataConfig
+from wxray.platform.datasets import DataConfig, WindowData
+from wxray.platform.evaluation import evaluate_checkpoint
 from wxray.platform.forecast import ForecastConfig, forecast
 from wxray.platform.rollout import rollout
 from wxray.platform.train_config import ModelConfig, TrainSparseConfig
@@ -240,3 +241,29 @@ def test_older_checkpoint_whose_training_store_is_gone_is_one_line(store, tmp_pa
     last = err.strip().splitlines()[-1]
     assert last.startswith("error: ") and f"data.store={gone} is gone" in last, err
     assert not out.exists()
+
+
+def test_training_evaluation_and_forecast_job_make_one_forecast(store, tmp_path, capsys):
+    """After training (evaluate_checkpoint) and the forecast job share one pipeline: the same checkpoint,
+    inits, steps and seed give the same forecast.zarr and per-lead scores."""
+    ckpt, _, spec = _save_checkpoint(tmp_path / "ckpt", store, deterministic_eval=True)
+    data, model_cfg = _configs(store, "crop", deterministic_eval=True)
+    data.batch_size = 1
+    cfg = TrainSparseConfig(data=data, model=model_cfg)
+    cfg.train.rollout_steps, cfg.train.routing_members, cfg.tracking.enabled = 2, 2, False
+    times = open_store(store).time.values
+    windows = WindowData(spec, {"train": np.zeros(0, int), "val": np.zeros(0, int),
+                                "test": np.flatnonzero(times <= np.datetime64("2000-01-04T06"))})
+    ctx = JobContext("train_sparse", cfg, tmp_path / "train")
+    after_training = evaluate_checkpoint(cfg, windows, ckpt, ctx.out_dir, ctx)
+    said = capsys.readouterr().out  # fixed routing: the ensemble is dropped with a warning, not the run
+    assert "wxray: train.routing_members=2 ignored: model.selection=random (deterministic_eval=True)" in said
+
+    rc, res, err = _run(capsys, "forecast", ForecastConfig, forecast,
+                        [f"checkpoint={ckpt}", f"out_dir={tmp_path / 'fc'}", "tracking.enabled=false", "steps=2",
+                         f"inits={TRAJECTORY_1}"])
+    assert rc == 0, err
+    job = {k: v for k, v in res["rollout"].items() if k != "scored_inits"}
+    assert {k: v for k, v in after_training["rollout"].items() if k not in ("split", "note")} == job
+    xr.testing.assert_identical(xr.open_zarr(after_training["forecast"]).drop_attrs(),
+                                xr.open_zarr(res["forecast"]).drop_attrs())

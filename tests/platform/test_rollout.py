@@ -207,3 +207,28 @@ def test_forecast_store_has_members_units_and_consolidated_metadata(tiny_store, 
     assert back.geopotential.dims == ("init_time", "lead_time", "member", "level", "latitude", "longitude")
     assert back.sizes["member"] == 3 and back.attrs["routing_members"] == 3
     np.testing.assert_array_equal(back.geopotential.isel(member=1, level=0).values, fc[:, 1, :, 0])
+
+
+def test_one_rule_says_how_far_a_forecast_is_fed_back(tiny_store):
+    """`check_rollout` (the forecast job) and `possible_steps` (the evaluation after training) share it."""
+    import pytest
+
+    from wxray.platform.rollout import check_rollout, possible_steps
+
+    path, _ = tiny_store
+    store, stats = open_store(path), open_stats(path)
+    cases = [  # WindowConfig, why not beyond one step (None: any number of steps)
+        ({"history": 2, "lead_steps": 1}, None),
+        ({"history": 1, "lead_steps": 2}, None),
+        ({"history": 2, "lead_steps": 2}, "needs lead_steps = 1"),
+        ({"target_variables": ["geopotential"]}, "needs the targets to be the input variables"),
+    ]
+    for kw, why in cases:
+        spec = make_spec(str(path), store, stats, WindowConfig(**kw))
+        assert possible_steps(spec, 4) == (4 if why is None else 1) and possible_steps(spec, 0) == 0, kw
+        check_rollout(spec, 1)
+        if why is None:
+            check_rollout(spec, 4)
+        else:
+            with pytest.raises(ValueError, match=why):
+                check_rollout(spec, 4)

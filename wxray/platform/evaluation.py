@@ -1,6 +1,8 @@
 """After training: the final checkpoint rolled out on the test split, written as `forecast.zarr` in the
 forecast convention, scored per lead beside persistence (rollout_scores.py), and a truth / forecast /
-error map of the first target at the first lead (`forecast_map_<split>.png`).
+error map of the first target at the first lead (`forecast_map_<split>.png`). Loading, rollout, forecast
+store and scores are the forecast job's (checkpoint_forecast.py); a rollout stops at one step where a
+forecast cannot be the next input (`rollout.possible_steps`, the rule of `check_rollout`).
 
 With `train.routing_members` = M > 1 every init is forecast M times, one routing draw each (rollout.py),
 and `forecast.zarr` has a `member` dim; the per-lead scores are those of the ensemble mean.
@@ -15,13 +17,11 @@ import numpy as np
 
 from wxray.data.schema import LAT, LON, TIME, open_store
 from wxray.io import atomic_path
-from wxray.job import JobContext
-from wxray.platform import checkpoints
+from wxray.job import JobContext, say
+from wxray.platform.checkpoint_forecast import forecast_and_score, load_forecaster
 from wxray.platform.datasets import WindowData
-from wxray.platform.rollout import rollout, rollout_anchors, routing_varies, to_forecast_dataset, write_forecast
-from wxray.platform.rollout_scores import log_report, open_climatology, rollout_report
+from wxray.platform.rollout import possible_steps, rollout_anchors, routing_varies
 from wxray.platform.train_config import TrainSparseConfig
-from wxray.platform.trainer_loop import build_forecaster
 
 
 def save_map_png(path: Path, truth: np.ndarray, forecast: np.ndarray, lat: np.ndarray, lon: np.ndarray,
@@ -73,16 +73,10 @@ def evaluate_checkpoint(cfg: TrainSparseConfig, data: WindowData, ckpt_dir: Path
                         ctx: JobContext) -> dict[str, Any]:
     """Rollout on the test split (val when there is no test split), forecast zarr, per-lead scores, map PNG."""
     spec = data.spec
-    state, _ = checkpoints.load(ckpt_dir)
-    model = build_forecaster(cfg.model, spec)
-    checkpoints.load_model_weights(model, state, str(ckpt_dir))
+    model = load_forecaster(ckpt_dir, cfg.model, spec)
     ds = open_store(spec.store)
     split = "test" if len(data.anchors["test"]) else "val"
-    steps = cfg.train.rollout_steps
-    autoregressive = [c.name for c in spec.targets] == [c.name for c in spec.inputs]
-    # Inputs are consecutive native steps; with lead_steps > 1 a forecast cannot extend a longer history.
-    autoregressive &= spec.history == 1 or spec.lead_steps == 1
-    steps = steps if autoregressive else min(steps, 1)
+    steps = possible_steps(spec, cfg.train.rollout_steps)  # one step where a forecast is no next input
     anchors = rollout_anchors(ds, np.sort(data.anchors[split]), spec, steps) if steps else np.zeros(0, int)
     if len(anchors) == 0:
         return {"rollout": {"split": split, "inits": 0}}
@@ -91,14 +85,10 @@ def evaluate_checkpoint(cfg: TrainSparseConfig, data: WindowData, ckpt_dir: Path
         # Only found out after training: a warning and the deterministic forecast, not a lost run.
         note = {"note": f"train.routing_members={n_members} ignored: model.selection={cfg.model.selection} "
                         f"(deterministic_eval={cfg.model.deterministic_eval}) draws no random routing"}
-        print(f"wxray: {note['note']}", flush=True)
+        say(note["note"])
         n_members = 1
     members = list(range(n_members)) if n_members > 1 else None
-    fc = rollout(model, spec, anchors, steps, seed=cfg.train.seed, batch_size=cfg.data.batch_size,
-                 members=members)
-    forecast = to_forecast_dataset(fc, spec, ds, anchors, members)
-    path = write_forecast(forecast, out_dir / "forecast.zarr")
-    report = rollout_report(forecast, ds, open_climatology(spec.store))
-    log_report(report, ctx.tracker)
-    ctx.tracker.log_artifact(forecast_map(out_dir, forecast, ds, spec, split))
-    return {"rollout": {"split": split, **report, **note}, "forecast": str(path)}
+    run = forecast_and_score(model, spec, ds, anchors, steps, out_dir, ctx.tracker, seed=cfg.train.seed,
+                             batch_size=cfg.data.batch_size, members=members)
+    ctx.tracker.log_artifact(forecast_map(out_dir, run.forecast, ds, spec, split))
+    return {"rollout": {"split": split, **run.report, **note}, "forecast": str(run.path)}

@@ -34,18 +34,10 @@ from wxray.errors import CheckpointError, ConfigError, DataError
 from wxray.io import resolve_path
 from wxray.job import JobConfig, JobContext
 from wxray.platform import checkpoints
+from wxray.platform.checkpoint_forecast import forecast_and_score, load_forecaster
 from wxray.platform.datasets import DataConfig
-from wxray.platform.rollout import (
-    check_rollout,
-    rollout,
-    rollout_anchors,
-    routing_varies,
-    to_forecast_dataset,
-    write_forecast,
-)
-from wxray.platform.rollout_scores import log_report, open_climatology, rollout_report
+from wxray.platform.rollout import check_rollout, rollout_anchors, routing_varies
 from wxray.platform.train_config import ModelConfig
-from wxray.platform.trainer_loop import build_forecaster, model_identity
 from wxray.platform.windows import WindowSpec, fit_spec, make_spec, parse_range, split_anchors, valid_anchors
 
 
@@ -184,13 +176,11 @@ def forecast(cfg: ForecastConfig, ctx: JobContext) -> dict[str, Any]:
     store = cfg.store or str(resolve_path(data_cfg.store))  # cfg.store is absolute already
     ds = open_store(store)
     spec = trained_spec(ckpt, meta, store, ds, model_cfg, data_cfg)
-    state, _ = checkpoints.load(ckpt, expect_model=model_identity(model_cfg, spec))
+    model = load_forecaster(ckpt, model_cfg, spec)
     try:
-        model = build_forecaster(model_cfg, spec)
         check_rollout(spec, cfg.steps)
     except ValueError as e:
         raise ConfigError(f"checkpoint {ckpt}: {e}") from None
-    checkpoints.load_model_weights(model, state, str(ckpt))
     if cfg.routing_members > 1 and not routing_varies(model):
         raise ConfigError(f"routing_members={cfg.routing_members}: the checkpoint's model.selection="
                           f"{model_cfg.selection} (deterministic_eval={model_cfg.deterministic_eval}) draws no "
@@ -200,18 +190,11 @@ def forecast(cfg: ForecastConfig, ctx: JobContext) -> dict[str, Any]:
     tracker = ctx.tracker  # every input is checked: the run starts here
 
     members = list(range(cfg.routing_members)) if cfg.routing_members > 1 else None
-    fc = rollout(model.to(device), spec, anchors, cfg.steps, seed=cfg.seed, batch_size=cfg.batch_size,
-                 members=members, device=device)
-    out = to_forecast_dataset(fc, spec, ds, anchors, members)
-    out.attrs.update(checkpoint=str(ckpt), seed=cfg.seed, store=store)
-    path = write_forecast(out, Path(ctx.out_dir) / "forecast.zarr")
-    scored = np.intersect1d(anchors, valid_anchors(ds, spec.history, cfg.steps * spec.lead_steps))
-    report: dict[str, Any] = {}
-    if len(scored):
-        report = rollout_report(out.sel(init_time=ds[TIME].values[scored]), ds, open_climatology(store))
-        log_report(report, tracker)
+    run = forecast_and_score(model, spec, ds, anchors, cfg.steps, ctx.out_dir, tracker, seed=cfg.seed,
+                             batch_size=cfg.batch_size, members=members, device=device,
+                             attrs={"checkpoint": str(ckpt), "seed": cfg.seed, "store": store})
     times = ds[TIME].values[anchors]
-    return {"forecast": str(path), "checkpoint": str(ckpt), "store": store, "inits": int(len(anchors)),
+    return {"forecast": str(run.path), "checkpoint": str(ckpt), "store": store, "inits": int(len(anchors)),
             "first_init": str(times[0])[:19], "last_init": str(times[-1])[:19], "members": cfg.routing_members,
             "grid_fit": spec.fit.mode, "grid": f"{spec.kept_grid[0]}x{spec.kept_grid[1]}",
-            "rollout": {"scored_inits": int(len(scored)), **report}}
+            "rollout": {"scored_inits": int(len(run.scored)), **run.report}}

@@ -37,9 +37,10 @@ from wxray.platform.windows import WindowReader, WindowSpec, open_lazy, per_chan
 INIT, LEAD, MEMBER = "init_time", "lead_time", "member"
 
 
-def rollout_anchors(ds: xr.Dataset, test_anchors: np.ndarray, spec: WindowSpec, steps: int) -> np.ndarray:
+def rollout_anchors(ds: xr.Dataset, anchors: np.ndarray, spec: WindowSpec, steps: int) -> np.ndarray:
+    """Those of `anchors` (sorted, unique) with their history and truth at every one of `steps` leads in `ds`."""
     ok = valid_anchors(ds, spec.history, steps * spec.lead_steps)
-    return np.intersect1d(test_anchors, ok)
+    return np.intersect1d(anchors, ok)
 
 
 def member_seed(seed: int, init_time: np.datetime64, member: int) -> int:
@@ -116,13 +117,28 @@ def _normalise_state(spec: WindowSpec, phys: torch.Tensor) -> torch.Tensor:
     return (phys - per_channel(spec.in_mean[base], phys)) / per_channel(spec.in_std[base], phys)
 
 
+def one_step_only(spec: WindowSpec) -> str | None:
+    """Why a forecast of `spec` cannot be fed back as the next input (a rollout then stops at one step),
+    or None when it can: the targets must be the input channels, and with history > 1 the inputs are
+    consecutive native steps, which a forecast lead_steps > 1 ahead cannot extend."""
+    if [c.name for c in spec.targets] != [c.name for c in spec.inputs]:
+        return "a rollout beyond one step needs the targets to be the input variables"
+    if spec.history > 1 and spec.lead_steps > 1:
+        return ("a rollout beyond one step with history > 1 needs lead_steps = 1 "
+                "(the model was trained on consecutive native steps)")
+    return None
+
+
 def check_rollout(spec: WindowSpec, steps: int) -> None:
-    autoregressive = [c.name for c in spec.targets] == [c.name for c in spec.inputs]
-    if steps > 1 and not autoregressive:
-        raise ValueError("a rollout beyond one step needs the targets to be the input variables")
-    if steps > 1 and spec.history > 1 and spec.lead_steps > 1:
-        raise ValueError("a rollout beyond one step with history > 1 needs lead_steps = 1 "
-                         "(the model was trained on consecutive native steps)")
+    """ValueError (`one_step_only`'s reason) unless `spec` can be rolled out `steps` steps."""
+    why = one_step_only(spec)
+    if steps > 1 and why:
+        raise ValueError(why)
+
+
+def possible_steps(spec: WindowSpec, steps: int) -> int:
+    """`steps`, or at most 1 where `check_rollout` would refuse more."""
+    return steps if one_step_only(spec) is None else min(steps, 1)
 
 
 @torch.no_grad()
