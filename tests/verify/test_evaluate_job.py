@@ -143,9 +143,11 @@ def test_nested_ensemble_against_persistence_baseline(store_path, tmp_path, caps
 
 def test_real_era5_members_against_held_out_member_and_their_mean(tmp_path, capsys):
     grib = str(ERA5_MEMBERS)
-    # Member 0 of the ERA5 EDA is the unperturbed control; hold out a perturbed one.
+    # Member 0 of the ERA5 EDA is the unperturbed control; hold out a perturbed one. The file has 4 times:
+    # too few for the fixed-b intervals (n >= 6), enough for the paper's bootstrap.
     rc, result, err = run_evaluate([f"forecast={grib}", f"truth={grib}", "truth_member=5", f"out_dir={tmp_path / 'a'}",
-                            "tracking.enabled=false", "n_bootstrap=200", "plots=false"], capsys)
+                            "tracking.enabled=false", "n_bootstrap=200", "plots=false",
+                            "significance_method=paper"], capsys)
     assert rc == 0, err
     assert result["n_members"] == 9 and result["n_init"] == 4 and "acc.temperature_500.0h" not in result
     card = xr.open_dataset(tmp_path / "a" / "scorecard.nc").load()
@@ -160,7 +162,7 @@ def test_real_era5_members_against_held_out_member_and_their_mean(tmp_path, caps
     assert np.all((ssr > 0.85) & (ssr < 1.15)), ssr
     rc, result, err = run_evaluate([f"forecast={grib}", f"truth={grib}", "truth_member=mean",
                                     f"out_dir={tmp_path / 'b'}", "tracking.enabled=false", "n_bootstrap=200",
-                                    "plots=false"], capsys)
+                                    "plots=false", "significance_method=paper"], capsys)
     assert rc == 0, err
     assert result["n_members"] == 10
     for ch in ("geopotential_500", "temperature_850"):  # the ensemble mean has no error against itself
