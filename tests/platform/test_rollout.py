@@ -232,3 +232,26 @@ def test_one_rule_says_how_far_a_forecast_is_fed_back(tiny_store):
         else:
             with pytest.raises(ValueError, match=why):
                 check_rollout(spec, 4)
+
+
+def test_a_forecast_on_part_of_the_grid_is_scored_on_its_points(tiny_store):
+    """Truth, persistence and climatology are cut to the forecast's rows and columns (verify's crop_to);
+    a forecast whose points are not a block of the store grid is a one-line DataError."""
+    import pytest
+
+    from wxray.errors import DataError
+    from wxray.platform.rollout_scores import open_climatology, rollout_report
+
+    path, _ = tiny_store
+    store = _with_climatology(path)
+    spec = make_spec(str(path), store, open_stats(path), WindowConfig(history=2, lead_steps=1, levels=[500]))
+    anchors = np.array([3, 15])
+    full = to_forecast_dataset(rollout(_tiny_model(spec), spec, anchors, steps=2), spec, store, anchors)
+    block = {"latitude": slice(1, 6), "longitude": slice(3, 11)}
+    clim = open_climatology(path)
+    report = rollout_report(full.isel(block), store, clim)
+    assert set(report) >= {"rmse", "acc", "persistence_rmse", "persistence_acc"}
+    assert report == rollout_report(full.isel(block), store.isel(block), clim.isel(block))
+    shifted = full.assign_coords(latitude=full.latitude.values + 1.0)
+    with pytest.raises(DataError, match="^store: grid 8x16 does not contain the points of the 8x16 grid"):
+        rollout_report(shifted, store, clim)

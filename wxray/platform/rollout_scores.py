@@ -26,26 +26,33 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-from wxray.data.schema import LAT, LEVEL, LON
+from wxray.data.schema import LEVEL
 from wxray.platform.rollout import INIT, LEAD, MEMBER
 
 SCORES = ("rmse", "acc", "persistence_rmse", "persistence_acc")
 
 
 def open_climatology(store: str | Path) -> xr.Dataset | None:
+    """The store's `stats/climatology`, None when it has none (ACC is then not applicable).
+
+    The one place the platform opens it; wxray.verify.forecasts.open_truth opens a truth's inline."""
     try:
         return xr.open_zarr(Path(store), group="stats/climatology", consolidated=False)
-    except Exception:  # a store without a climatology group: ACC is not applicable
+    except Exception:  # the zarr backends raise many types for a missing group
         return None
 
 
-def _on_grid(da: xr.DataArray, like: xr.DataArray) -> xr.DataArray:
-    """`da` at the points (and levels) of `like`: the kept rows of a cropped forecast, for instance."""
-    out = da.sel({LAT: like[LAT].values, LON: like[LON].values}, method="nearest", tolerance=1e-6)
-    out = out.assign_coords({LAT: like[LAT].values, LON: like[LON].values})
-    if LEVEL in like.dims and LEVEL in out.dims:
-        out = out.sel({LEVEL: like[LEVEL].values})
-    return out
+def _on_grid(ds: xr.Dataset, forecast: xr.Dataset, what: str) -> xr.Dataset:
+    """`ds` (store grid) at the points of `forecast`, a block of it (the kept rows and columns of a cropped
+    grid, for instance), with the forecast's coordinates: `wxray.verify.forecasts.crop_to`."""
+    from wxray.verify.forecasts import crop_to
+
+    return crop_to(ds, forecast, what)
+
+
+def _at_levels(da: xr.DataArray, like: xr.DataArray) -> xr.DataArray:
+    """`da` at the levels of `like` (the forecast's target levels, a subset of the store's)."""
+    return da.sel({LEVEL: like[LEVEL].values}) if LEVEL in like.dims and LEVEL in da.dims else da
 
 
 def _channel_names(da: xr.DataArray, var: str) -> list[str]:
@@ -65,6 +72,9 @@ def score_per_lead(forecast: xr.Dataset, truth: xr.Dataset,
     from wxray.verify.forecasts import truth_at
 
     inits = forecast[INIT].values
+    truth = _on_grid(truth, forecast, "store")
+    if climatology is not None:
+        climatology = _on_grid(climatology, forecast, "store stats/climatology")
     out: dict[str, dict[str, list[float]]] = {"rmse": {}, "acc": {}}
     for var in map(str, forecast.data_vars):
         field = forecast[var].mean(MEMBER) if MEMBER in forecast[var].dims else forecast[var]
@@ -72,11 +82,11 @@ def score_per_lead(forecast: xr.Dataset, truth: xr.Dataset,
         per_lead: dict[str, list[xr.DataArray]] = {"rmse": [], "acc": []}
         for lead in forecast[LEAD].values:
             fc = field.sel({LEAD: lead})
-            t = _on_grid(truth_at(truth[var], inits, lead, f"truth {var}"), fc)
+            t = _at_levels(truth_at(truth[var], inits, lead, f"truth {var}"), fc)
             per_lead["rmse"].append(rmse(fc, t, time_dims=(INIT,)))
             if clim is not None:
                 valid = xr.DataArray(pd.DatetimeIndex(inits + lead), dims=INIT, coords={INIT: inits})
-                c = _on_grid(climatology_at(clim, valid), fc)
+                c = _at_levels(climatology_at(clim, valid), fc)
                 per_lead["acc"].append(acc(fc, t, c).mean(INIT))
         for name, values in per_lead.items():
             if values:
@@ -89,8 +99,9 @@ def persistence_like(forecast: xr.Dataset, truth: xr.Dataset) -> xr.Dataset:
     from wxray.verify.forecasts import persistence_forecast
 
     names = list(map(str, forecast.data_vars))
-    pers = persistence_forecast(truth, forecast[INIT].values, forecast[LEAD].values, names)
-    return xr.Dataset({v: _on_grid(pers[v], forecast[v]) for v in names})
+    pers = persistence_forecast(_on_grid(truth, forecast, "store"), forecast[INIT].values, forecast[LEAD].values,
+                                names)
+    return xr.Dataset({v: _at_levels(pers[v], forecast[v]) for v in names})
 
 
 def _hours(leads: np.ndarray) -> list[float | int]:
