@@ -202,6 +202,8 @@ BAD_FORECASTS = [
     (lambda ds: ds, ["variables=[vorticity]"], "variable 'vorticity' not found"),
     (lambda ds: ds, ["n_bootstrap=10"], "config key 'n_bootstrap' must be >= 100, got 10"),
     (lambda ds: ds, ["truth_member=first"], "config key 'truth_member'"),
+    (lambda ds: ds, ["region=atlantis"], "config key 'region' expects one of 'global', 'tropics', 'extratropics', "
+     "'northern_extratropics', 'southern_extratropics', 'europe', 'north_america', got 'atlantis'"),
 ]
 
 

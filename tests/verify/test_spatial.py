@@ -64,3 +64,13 @@ def test_spatial_mean_region_and_skipna():
     assert float(spatial_mean(field, skipna=True)) == pytest.approx(3.0, rel=1e-12)
     with pytest.raises(ConfigError, match="unknown region"):
         spatial_mean(field, region="atlantis")
+
+
+def test_the_region_config_type_lists_exactly_the_regions():
+    from typing import get_args, get_type_hints
+
+    from wxray.verify.evaluate import EvaluateConfig
+    from wxray.verify.spatial import REGIONS, RegionName
+
+    assert get_args(RegionName) == tuple(REGIONS)  # same names, same order (the config error lists them)
+    assert get_type_hints(EvaluateConfig)["region"] == RegionName

@@ -44,7 +44,7 @@ from wxray.verify.forecasts import (
 )
 from wxray.verify.plots import write_plots
 from wxray.verify.scorecard import REL_DIFF_CONVENTION, Model, build_scorecard, scorecard_table
-from wxray.verify.spatial import REGIONS
+from wxray.verify.spatial import RegionName
 
 HEADLINE_METRICS = ("rmse", "crps", "ssr", "acc")
 Baseline = Annotated[str, PathKey(keywords=("persistence",))]
@@ -57,18 +57,19 @@ class EvaluateConfig(JobConfig):
     baseline: Baseline = ""  # a second forecast, or "persistence" (from the truth at the same inits)
     variables: list[str] = field(default_factory=list)  # empty: every forecast variable the truth has
     levels: list[PosInt] = field(default_factory=list)  # hPa; empty: every level of the forecast
-    region: str = "global"  # global, tropics, extratropics, northern/southern_extratropics, europe, ...
+    region: RegionName = "global"  # a key of wxray.verify.spatial.REGIONS: global, tropics, europe, ...
     regrid: bool = False  # interpolate forecast/baseline onto the truth grid instead of failing
     skipna: bool = False  # skip NaN points (counted in the scorecard) instead of failing
     truth_member: str = ""  # truth with members: "mean" or a held-out member index
     make_persistence: bool = False  # score persistence built from the truth instead of `forecast`
     leads: list[NonNegInt] = field(default_factory=lambda: [24])  # hours, for make_persistence
-    n_bootstrap: Annotated[int, Range(100)] = 5000  # block-bootstrap resamples (the paper's 5e3)
-    confidence: Annotated[float, Range(0, 1, True, True)] = 0.95  # level of the bootstrap intervals
+    # block-bootstrap resamples (the paper's 5e3); only significance_method=paper resamples, fixed-b ignores it
+    n_bootstrap: Annotated[int, Range(100)] = 5000
+    confidence: Annotated[float, Range(0, 1, True, True)] = 0.95  # level of the intervals (either method)
     significance: Annotated[float, Range(0, 1, True, True)] = 0.05  # Diebold-Mariano level for "significant"
     # "fixed-b": prewhitened HAC test and intervals that hold their level; "paper": Wilks block bootstrap + HLN DM
     significance_method: Literal["fixed-b", "paper"] = "fixed-b"
-    seed: Seed = 0  # seed of the bootstrap resampling
+    seed: Seed = 0  # seed of the bootstrap resampling (significance_method=paper only)
     plots: bool = True  # write the scorecard figures (plots/*.png)
 
     experiment = "wxray-evaluate"
@@ -81,8 +82,6 @@ class EvaluateConfig(JobConfig):
         if self.truth_member not in ("", "mean") and not self.truth_member.isdigit():
             raise ConfigError(f"config key 'truth_member' expects '', 'mean' or a member index, "
                               f"got {self.truth_member!r}")
-        if self.region not in REGIONS:
-            raise ConfigError(f"config key 'region' expects one of {', '.join(REGIONS)}, got {self.region!r}")
         if self.make_persistence and not self.leads:
             raise ConfigError("config key 'leads' needs at least one lead in hours")
 

@@ -8,6 +8,7 @@ cells of one grid spacing, not stretched to the poles.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import xarray as xr
@@ -71,8 +72,10 @@ class Region:
         return in_lat & in_lon
 
 
-# WeatherBench 2 region definitions (longitudes in [0, 360)).
-REGIONS = {
+# WeatherBench 2 region definitions (longitudes in [0, 360)); RegionName lists their keys, in order, for configs.
+RegionName = Literal["global", "tropics", "extratropics", "northern_extratropics", "southern_extratropics",
+                     "europe", "north_america"]
+REGIONS: dict[str, Region] = {
     "global": Region("global"),
     "tropics": Region("tropics", -20, 20),
     "extratropics": Region("extratropics", abs_lat_min=20),
