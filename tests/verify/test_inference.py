@@ -245,29 +245,66 @@ def test_default_holds_its_level_where_the_paper_method_does_not(n, phi):
     assert 0.925 - 0.02 <= float(np.mean((rel.lower < 0) & (rel.upper > 0))) <= 0.975 + 0.02  # sd 0.7 points
 
 
-def test_scorecard_uses_the_chosen_method(tmp_path):
+def _scorecard_inputs(tmp_path):
     from tests.verify.conftest import make_store
     from wxray.data.schema import channels, open_store
     from wxray.verify import persistence_forecast
-    from wxray.verify.scorecard import Model, build_scorecard
 
     ds = open_store(make_store(tmp_path / "store.zarr"))
     data = persistence_forecast(ds, ds.time.values[:16], [6], ["2m_temperature"]).load()
     noisy = data + np.random.default_rng(14).normal(0, 0.5, data["2m_temperature"].shape)
-    chans = channels(data, ["2m_temperature"])
+    return ds, data, noisy, channels(data, ["2m_temperature"])
+
+
+def test_scorecard_uses_the_chosen_method(tmp_path):
+    """The scorecard records its method, and its DM p-value and RMSE interval are the chosen method's own
+    functions applied to the per-initialisation loss series (MSE for RMSE) of forecast and baseline."""
+    from wxray.verify import truth_at
+    from wxray.verify.scorecard import Model, build_scorecard, score_series
+
+    ds, data, noisy, chans = _scorecard_inputs(tmp_path)
+    lead = data.lead_time.values[0]
+    truth = truth_at(ds["2m_temperature"], data.init_time.values, lead, "t").load().astype(np.float64)
+    series = [score_series(m["2m_temperature"].sel(lead_time=lead).astype(np.float64), truth, None, (), None,
+                           False)[0] for m in (data, noisy)]
+    mse_f, mse_b = series[0]["mse"], series[1]["mse"]
+    n = mse_f.size
     cards = {m: build_scorecard(Model("f", data), ds, chans, baseline=Model("b", noisy), n_bootstrap=200, method=m)
              for m in ("fixed-b", "paper")}
-    fixed, paper = cards["fixed-b"], cards["paper"]
-    assert int(fixed["block_length"].max()) == hac_bandwidth(16) and int(paper["block_length"].max()) < 8
-    np.testing.assert_allclose(fixed["value"], paper["value"])  # the estimates do not depend on the method
-    for card in cards.values():
-        inside = (card["ci_lower"] <= card["value"]) & (card["value"] <= card["ci_upper"])
-        assert bool(inside.sel(metric="rmse").all())
-    rmse = fixed.sel(metric="rmse").squeeze()
-    assert float(rmse["dm_p_value"]) != float(paper.sel(metric="rmse").squeeze()["dm_p_value"])
-    assert float(rmse["significant"]) == float(float(rmse["dm_p_value"]) < 0.05)
+    wilks = max(int(correlation_length(v)) for s in series for v in s.values())  # the paper's one shared length
+    direct = {"fixed-b": diebold_mariano(mse_f, mse_b, method="fixed-b"),  # default bandwidth ceil(2 sqrt n)
+              "paper": diebold_mariano(mse_f, mse_b, lag=wilks, method="paper")}
+    assert float(direct["fixed-b"].p_value) != pytest.approx(float(direct["paper"].p_value), rel=1e-3)
+    for method, card in cards.items():
+        assert card.attrs["significance_method"] == method
+        rmse = card.sel(metric="rmse").squeeze()
+        assert int(rmse["block_length"]) == (hac_bandwidth(n) if method == "fixed-b" else wilks)
+        assert float(rmse["dm_p_value"]) == pytest.approx(float(direct[method].p_value), rel=1e-12)
+        assert float(rmse["dm_statistic"]) == pytest.approx(float(direct[method].statistic), rel=1e-12)
+        assert float(rmse["significant"]) == float(float(rmse["dm_p_value"]) < 0.05)
+        assert float(rmse["ci_lower"]) <= float(rmse["value"]) <= float(rmse["ci_upper"])
+    ci = hac_interval([mse_f], lambda a: np.sqrt(a.mean(-1)))  # fixed-b: the jackknife-linearised t interval
+    fixed = cards["fixed-b"].sel(metric="rmse").squeeze()
+    assert float(fixed["ci_lower"]) == pytest.approx(float(ci.lower), rel=1e-12)
+    assert float(fixed["ci_upper"]) == pytest.approx(float(ci.upper), rel=1e-12)
+    np.testing.assert_allclose(cards["fixed-b"]["value"], cards["paper"]["value"])  # estimates: method-free
     with pytest.raises(DataError, match="one of fixed-b, paper"):
         build_scorecard(Model("f", data), ds, chans, method="wilks")
+
+
+def test_n_bootstrap_and_seed_are_used_only_by_the_paper_method(tmp_path):
+    from wxray.verify.scorecard import Model, build_scorecard
+
+    ds, data, noisy, chans = _scorecard_inputs(tmp_path)
+
+    def card(method, n_bootstrap, seed):
+        return build_scorecard(Model("f", data), ds, chans, baseline=Model("b", noisy), method=method,
+                               n_bootstrap=n_bootstrap, seed=seed)
+
+    xr.testing.assert_identical(card("fixed-b", 200, 0), card("fixed-b", 1000, 3))
+    a, b = card("paper", 200, 0), card("paper", 1000, 3)
+    xr.testing.assert_identical(a["value"], b["value"])
+    assert not np.allclose(a["ci_lower"].sel(metric="rmse"), b["ci_lower"].sel(metric="rmse"))
 
 
 def test_fixed_b_needs_six_initialisations_and_gives_sane_intervals_from_there(tmp_path):

@@ -21,7 +21,7 @@ Layout (an xarray Dataset, written as netCDF; `scorecard_table` gives the same a
   `mae_map` of a one-member forecast (its CRPS is its absolute error, so the map is the MAE);
 * `nan_points` (channel): points skipped with skipna.
 
-attrs: `forecast`, `baseline` (names), `rel_diff_convention`.
+attrs: `forecast`, `baseline` (names), `significance_method` (of the intervals and tests), `rel_diff_convention`.
 """
 
 from __future__ import annotations
@@ -302,7 +302,8 @@ def build_scorecard(forecast: Model, truth: xr.Dataset, channels: list[Channel],
     ds = _assemble(out, metric_sets[0], channels, leads, n_init, block, nan_points, maps, hists)
     units = [channel_units(ch, truth, forecast.data) for ch in channels]
     ds = ds.assign_coords(units=("channel", units))
-    ds.attrs.update(forecast=forecast.name, baseline=baseline.name if baseline is not None else "")
+    ds.attrs.update(forecast=forecast.name, baseline=baseline.name if baseline is not None else "",
+                    significance_method=method)
     if baseline is not None:
         ds.attrs["rel_diff_convention"] = REL_DIFF_CONVENTION
     return ds
