@@ -353,3 +353,15 @@ def test_baseline_file_must_share_initialisations(store_path, tmp_path, capsys):
     # A forecast compared with itself: zero difference, never significant.
     assert result["n_compared"] > 0 and result["n_significant_better"] == result["n_significant_worse"] == 0
     assert result["mean_rel_diff.rmse"] == 0.0
+
+
+def test_a_baseline_on_fewer_points_than_the_forecast_is_refused(store_path, tmp_path, capsys):
+    ds = open_store(store_path).load()
+    fc = persistence_forecast(ds, ds.time.values[:12], [6])
+    forecast = write_zarr(fc, tmp_path / "full.zarr")
+    cropped = write_zarr(fc.isel(longitude=slice(2, -3)), tmp_path / "cropped.zarr")
+    rc, result, err = run_evaluate([f"forecast={forecast}", f"truth={store_path}", f"baseline={cropped}",
+                                    f"out_dir={tmp_path / 'r'}", "tracking.enabled=false"], capsys)
+    assert rc == 2 and result is None
+    assert f"baseline {cropped}: grid 16x27 differs from the forecast's 16x32" in err, err
+    assert not (tmp_path / "r").exists()

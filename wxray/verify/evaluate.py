@@ -25,7 +25,7 @@ import pandas as pd
 import xarray as xr
 
 from wxray.config import InPath, NonNegInt, PathKey, PosInt, Range, Seed
-from wxray.data.schema import LON, TIME, channels, longitude_convention
+from wxray.data.schema import LAT, LON, TIME, channels, longitude_convention
 from wxray.errors import ConfigError, DataError
 from wxray.io import atomic_path
 from wxray.job import JobConfig, JobContext
@@ -157,6 +157,10 @@ def load_inputs(cfg: EvaluateConfig):
     elif cfg.baseline:
         baseline = Model(f"baseline {cfg.baseline}", open_forecast(cfg.baseline, "baseline"))
         baseline.data = _prepare(baseline.data, truth, baseline.name, cfg.regrid)
+        if not same_grid(baseline.data, forecast.data):  # e.g. a baseline cropped where the forecast is not
+            raise DataError(f"{baseline.name}: grid {baseline.data.sizes[LAT]}x{baseline.data.sizes[LON]} differs "
+                            f"from the forecast's {forecast.data.sizes[LAT]}x{forecast.data.sizes[LON]}; a "
+                            f"comparison needs both on the same points (regrid=true interpolates onto the truth)")
         channels(baseline.data, names, cfg.levels, source=baseline.name)
         for dim, wanted in ((INIT, inits), (LEAD, leads)):
             missing = pd.Index(wanted).difference(pd.Index(baseline.data[dim].values))
