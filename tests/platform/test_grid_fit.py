@@ -196,6 +196,8 @@ def test_training_on_a_padded_grid_and_its_routing_ensemble(ray_session, tmp_pat
     meta = json.loads((Path(res["checkpoint"]) / "meta.json").read_text())
     assert meta["data"]["grid_fit"] == "pad" and meta["data"]["store"] == str(store.resolve())
     assert meta["normalisation"]["targets"] == ["geopotential_500", "temperature_500"]  # forecasts on other stores
+    state = torch.load(Path(res["checkpoint"]) / "state.pt", weights_only=True)
+    assert state["next_epoch"] == meta["epoch"] == res["epochs"] == 1 and "epoch" not in state  # epochs completed
     card = result(run_job("evaluate", EvaluateConfig, evaluate,
                           [f"forecast={res['forecast']}", f"truth={store}", "n_bootstrap=200", "plots=false",
                            f"out_dir={tmp_path / 'ev'}", f"tracking.uri=sqlite:///{tmp_path}/m.db"]))

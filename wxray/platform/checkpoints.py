@@ -1,12 +1,15 @@
 """Checkpoints: one `state.pt` (loaded with `torch.load(weights_only=True)`) + `meta.json` per directory.
 
-The state holds model and optimiser state, the position in the data and the LR schedule (epoch,
-global step, windows seen) and the torch RNG state. `meta.json` names the format and the model config,
-so a foreign or mismatched checkpoint is a one-line `CheckpointError` rather than a shape error deep
-inside `load_state_dict`; it also keeps the data config and the normalisation the model was trained
-with (`normalisation`: channel names beside their mean/std vectors), so a forecast from another store
-normalises as training did. Checkpoints written before a key existed stay readable (`meta_model`,
-`apply_normalisation` returns None).
+The state holds model and optimiser state, the position in the data and the LR schedule
+(`next_epoch`, global `step`, `samples_seen`) and the torch RNG state. Both files count epochs the same
+way: `next_epoch` in the state and `epoch` in meta.json are the number of epochs completed, which is the
+0-based index of the epoch a resumed run trains first (`resume_epoch`).
+
+`meta.json` names the format and the model config, so a foreign or mismatched checkpoint is a one-line
+`CheckpointError` rather than a shape error deep inside `load_state_dict`; it also keeps the data config
+and the normalisation the model was trained with (`normalisation`: channel names beside their mean/std
+vectors), so a forecast from another store normalises as training did. Checkpoints written before a key
+existed stay readable (`meta_model`, `resume_epoch`; `apply_normalisation` returns None).
 """
 
 from __future__ import annotations
@@ -87,6 +90,16 @@ def apply_normalisation(spec: WindowSpec, meta: dict[str, Any], where: str | Pat
                                       f"expected one per {key[:-1]} ({len(have)})")
             new[v] = values
     return replace(spec, **new)
+
+
+def resume_epoch(state: dict[str, Any], where: str | Path) -> int:
+    """The 0-based epoch a run resumed from `state` trains first: its `next_epoch`, or for checkpoints
+    written before that key, their `epoch` (the index of the last epoch trained) + 1."""
+    if "next_epoch" in state:
+        return int(state["next_epoch"])
+    if "epoch" in state:
+        return int(state["epoch"]) + 1
+    raise CheckpointError(f"checkpoint {where}/{STATE}: no 'next_epoch' (expected a training checkpoint to resume)")
 
 
 def read_meta(path: str | Path, expect_model: dict[str, Any] | None = None) -> dict[str, Any]:

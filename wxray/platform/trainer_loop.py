@@ -189,7 +189,7 @@ def train_fn_per_worker(config: dict[str, Any]) -> None:
             state, _ = checkpoints.load(d, expect_model=config["model_identity"])
         _set_state(model, opt, state["model"], state["optimizer"])
         torch.set_rng_state(state["torch_rng"])
-        start_epoch, step, seen = int(state["epoch"]) + 1, int(state["step"]), int(state["samples_seen"])
+        start_epoch, step, seen = checkpoints.resume_epoch(state, d), int(state["step"]), int(state["samples_seen"])
     elif cfg.train.init_from:
         state, _ = checkpoints.load(cfg.train.init_from)
         _set_state(model, opt, state["model"], None)
@@ -273,7 +273,7 @@ def train_fn_per_worker(config: dict[str, Any]) -> None:
                 ckpt = None
                 if rank == 0:
                     state = {"model": model_sd, "optimizer": opt_sd, "samples_seen": seen,
-                             "epoch": epoch, "step": step, "torch_rng": torch.get_rng_state()}
+                             "next_epoch": epoch + 1, "step": step, "torch_rng": torch.get_rng_state()}
                     checkpoints.save(tmp, state, {"model": config["model_identity"], "epoch": epoch + 1, "step": step,
                                                   "data": {**config["cfg"]["data"], "store": spec.store},
                                                   checkpoints.NORMALISATION: checkpoints.normalisation_meta(spec)})
