@@ -50,7 +50,7 @@ class ForecastConfig(JobConfig):
     routing_members: PosInt = 1  # routing draws per init; > 1 writes a `member` dim (an implicit ensemble)
     seed: Seed = 0  # member m of init t draws from SeedSequence([seed, t in seconds, m]) (rollout.py)
     batch_size: PosInt = 1  # (init, member) samples per forward; 1 = any member recomputes alone bit for bit
-    device: str = "auto"  # auto (a GPU when there is one), cpu, cuda, cuda:1, ...
+    device: str = "auto"  # auto (a GPU when there is one), cpu, cuda, cuda:1; must exist on this machine
 
     experiment = "wxray-forecast"
 
