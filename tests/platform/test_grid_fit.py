@@ -125,8 +125,9 @@ def eraint_store(tmp_path_factory):
 
 
 def test_eraint_grid_crops_to_the_paper_layout_and_forecasts(eraint_store):
+    from wxray.data.schema import open_climatology
     from wxray.platform.rollout import rollout, to_forecast_dataset
-    from wxray.platform.rollout_scores import open_climatology, rollout_report
+    from wxray.platform.rollout_scores import rollout_report
     from wxray.platform.train_config import ModelConfig
     from wxray.platform.trainer_loop import build_forecaster
 

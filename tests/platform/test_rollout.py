@@ -84,7 +84,8 @@ def _with_climatology(path):
 
 
 def test_report_scores_acc_and_persistence_per_lead(tiny_store):
-    from wxray.platform.rollout_scores import open_climatology, rollout_report
+    from wxray.data.schema import open_climatology
+    from wxray.platform.rollout_scores import rollout_report
     from wxray.verify.spatial import latitude_weights
 
     path, ds = tiny_store
@@ -117,7 +118,8 @@ def test_report_scores_acc_and_persistence_per_lead(tiny_store):
 
 
 def test_report_without_climatology_has_no_acc(tiny_store):
-    from wxray.platform.rollout_scores import open_climatology, rollout_report
+    from wxray.data.schema import open_climatology
+    from wxray.platform.rollout_scores import rollout_report
 
     path, _ = tiny_store
     store = open_store(path)
@@ -239,8 +241,9 @@ def test_a_forecast_on_part_of_the_grid_is_scored_on_its_points(tiny_store):
     a forecast whose points are not a block of the store grid is a one-line DataError."""
     import pytest
 
+    from wxray.data.schema import open_climatology
     from wxray.errors import DataError
-    from wxray.platform.rollout_scores import open_climatology, rollout_report
+    from wxray.platform.rollout_scores import rollout_report
 
     path, _ = tiny_store
     store = _with_climatology(path)

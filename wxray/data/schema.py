@@ -249,16 +249,21 @@ class Stats:
         return float(da.values)
 
 
+def open_climatology(path: str | Path) -> xr.Dataset | None:
+    """A store's `stats/climatology` (lazily), None when it has none: ACC is then not applicable."""
+    try:
+        return xr.open_zarr(Path(path), group="stats/climatology", consolidated=False)
+    except Exception:  # the zarr backends raise many types for a missing group or a file
+        return None
+
+
 def open_stats(path: str | Path) -> Stats:
     p = Path(path)
     groups = {}
-    for name in STAT_NAMES:
+    for name in STAT_NAMES[:-1]:
         try:
             groups[name] = xr.open_zarr(p, group=f"stats/{name}", consolidated=False)
         except Exception:
-            if name == "climatology":
-                groups[name] = None
-                continue
             raise DataError(f"store {p}: missing stats group 'stats/{name}' "
                             f"(recompute with jobs/prepare_data.py)") from None
-    return Stats(**groups)
+    return Stats(**groups, climatology=open_climatology(p))

@@ -21,11 +21,11 @@ import numpy as np
 import torch
 import xarray as xr
 
-from wxray.data.schema import TIME
+from wxray.data.schema import TIME, open_climatology
 from wxray.errors import ConfigError
 from wxray.platform import checkpoints
 from wxray.platform.rollout import INIT, rollout, rollout_anchors, to_forecast_dataset, write_forecast
-from wxray.platform.rollout_scores import log_report, open_climatology, rollout_report
+from wxray.platform.rollout_scores import log_report, rollout_report
 from wxray.platform.train_config import ModelConfig
 from wxray.platform.trainer_loop import build_forecaster, model_identity
 from wxray.platform.windows import WindowSpec

@@ -19,7 +19,6 @@ ensemble mean (`jobs/evaluate.py` gives CRPS and spread-skill). The report:
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -30,16 +29,6 @@ from wxray.data.schema import LEVEL
 from wxray.platform.rollout import INIT, LEAD, MEMBER
 
 SCORES = ("rmse", "acc", "persistence_rmse", "persistence_acc")
-
-
-def open_climatology(store: str | Path) -> xr.Dataset | None:
-    """The store's `stats/climatology`, None when it has none (ACC is then not applicable).
-
-    The one place the platform opens it; wxray.verify.forecasts.open_truth opens a truth's inline."""
-    try:
-        return xr.open_zarr(Path(store), group="stats/climatology", consolidated=False)
-    except Exception:  # the zarr backends raise many types for a missing group
-        return None
 
 
 def _on_grid(ds: xr.Dataset, forecast: xr.Dataset, what: str) -> xr.Dataset:

@@ -41,6 +41,7 @@ from wxray.data.schema import (
     canonical_longitudes,
     grid_kind,
     longitude_convention,
+    open_climatology,
     wrap_longitudes,
 )
 from wxray.data.sources import detect_kind, first_line, open_grib, open_netcdf
@@ -179,12 +180,7 @@ def open_truth(path: str | Path, member: str = "") -> tuple[xr.Dataset, xr.Datas
         raise DataError(f"truth {p}: duplicated time {times[times.duplicated()][0]} (expected distinct times)")
     if not times.is_monotonic_increasing:
         ds = ds.sortby(TIME)
-    climatology = None
-    if p.is_dir():
-        try:
-            climatology = xr.open_zarr(p, group="stats/climatology", consolidated=False)
-        except Exception:  # a store without a climatology group: ACC is not applicable
-            climatology = None
+    climatology = open_climatology(p) if p.is_dir() else None
     if climatology is not None:
         climatology = normalise(climatology, what=f"truth {p} stats/climatology",
                                 convention=longitude_convention(ds[LON].values))
