@@ -19,7 +19,6 @@ field. Scoring (rollout_scores.py) uses the same kept latitudes.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -31,7 +30,7 @@ from tqdm.auto import tqdm
 
 from wxray.data.schema import LAT, LEVEL, LON, TIME, time_step
 from wxray.io import atomic_path
-from wxray.models import RandomSelector, RoutingContext, TokenSelector
+from wxray.models import RandomSelector, TokenSelector
 from wxray.platform.windows import WindowReader, WindowSpec, open_lazy, per_channel, to_physical, valid_anchors
 
 INIT, LEAD, MEMBER = "init_time", "lead_time", "member"
@@ -53,22 +52,12 @@ def member_generator(seed: int, init_time: np.datetime64, member: int) -> torch.
     return torch.Generator().manual_seed(member_seed(seed, init_time, member))
 
 
-def _sample_context(context: RoutingContext | None, i: int, batch: int) -> RoutingContext | None:
-    if context is None:
-        return None
-    per_sample = {}
-    for f in dataclasses.fields(context):
-        v = getattr(context, f.name)
-        if isinstance(v, torch.Tensor) and v.ndim and v.shape[0] == batch:
-            per_sample[f.name] = v[i: i + 1]
-    return dataclasses.replace(context, **per_sample)
-
-
 class PerSampleSelector(TokenSelector):
-    """The model's own selector, called once per sample with that sample's generator.
+    """The model's random selector, called once per sample with that sample's generator.
 
     A selector draws (B, L) keys from one generator, which would tie a sample's draw to its batch
-    position; here sample b draws from `generators[b]` alone.
+    position; here sample b draws from `generators[b]` alone. Only random selection is wrapped
+    (`routing_varies`), and it reads neither the routing context nor a delta gate, so both pass as they are.
     """
 
     def __init__(self, base: TokenSelector, generators: Sequence[torch.Generator]):
@@ -81,8 +70,7 @@ class PerSampleSelector(TokenSelector):
     def select(self, x, k, generator=None, context=None):
         if x.shape[0] != len(self.generators):
             raise ValueError(f"{len(self.generators)} routing generators for a batch of {x.shape[0]}")
-        return torch.cat([self.base.select(x[b: b + 1], k, g, _sample_context(context, b, x.shape[0]))
-                          for b, g in enumerate(self.generators)])
+        return torch.cat([self.base.select(x[b: b + 1], k, g, context) for b, g in enumerate(self.generators)])
 
     def delta_gate(self, x, indices, context=None):
         return self.base.delta_gate(x, indices, context)
