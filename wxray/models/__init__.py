@@ -12,6 +12,7 @@ from typing import Any
 from torch import nn
 
 from wxray.models.blocks import MLP, Attention, Block, Dropout, DropPath, enable_mc_dropout
+from wxray.models.e2e import ObsEncoder, StationDecoder, StreamInput
 from wxray.models.losses import (
     fair_crps,
     lat_weighted_mse,
@@ -41,6 +42,7 @@ from wxray.models.selectors import (
     TokenSelector,
     make_selector,
 )
+from wxray.models.setconv import SetConv, grid_spacing_deg
 from wxray.models.sprint import SprintRouter, SprintViT
 
 MODEL_NAMES = ("reslim", "droppath", "sprint", "climax")
@@ -88,12 +90,16 @@ __all__ = [
     "GradientSelector",
     "LaplacianSelector",
     "LearnedSelector",
+    "ObsEncoder",
     "RandomSelector",
     "ResSlimViT",
     "RoutingContext",
+    "SetConv",
     "SparseRouter",
     "SprintRouter",
     "SprintViT",
+    "StationDecoder",
+    "StreamInput",
     "TokenSelector",
     "Tokenizer",
     "VariableAggregation",
@@ -101,6 +107,7 @@ __all__ = [
     "default_split",
     "enable_mc_dropout",
     "fair_crps",
+    "grid_spacing_deg",
     "lat_weighted_mse",
     "lat_weighted_mse_per_var",
     "latitude_weights",
