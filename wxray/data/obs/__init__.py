@@ -1,0 +1,15 @@
+"""Observation streams (`obs dir`: obs.yaml + Parquet point streams + zarr gridded streams).
+
+* `wxray.data.obs.registry` — obs.yaml: `StreamInfo`, `Registry`, `open_registry`, `ObsSpec`, `make_obs_spec`.
+* `wxray.data.obs.points`   — point streams: Parquet, hive-partitioned by stream and day.
+* `wxray.data.obs.gridded`  — gridded streams (swaths): zarr (time, channel, latitude, longitude), NaN = no data.
+* `wxray.data.obs.windows`  — `ObsWindowReader`: the observations of a batch of assimilation windows.
+* `wxray.data.obs.sample`   — `make_sample_obs`: synthetic streams derived from a store (the sample).
+* `wxray.data.obs.prepare`  — `prepare_obs`: a user's station table (CSV / Parquet) -> a point stream.
+* `wxray.data.obs.jobs`     — the jobs `make-sample-obs` and `prepare-obs`.
+"""
+
+from wxray.data.obs.registry import ObsSpec, Registry, StreamInfo, make_obs_spec, open_registry
+from wxray.data.obs.windows import ObsWindowReader
+
+__all__ = ["ObsSpec", "ObsWindowReader", "Registry", "StreamInfo", "make_obs_spec", "open_registry"]

@@ -1,0 +1,265 @@
+"""The stream registry of an obs dir (`obs.yaml`) and the spec a window reader is built from.
+
+An *obs dir* holds `obs.yaml` and one sub-path per stream:
+
+    version: 1
+    source_store: /abs/path/of/the/store   # the store synthetic streams were derived from; "" for user streams
+    streams:
+      stations:                            # the stream name (letters, digits, _ and -; no dots)
+        kind: point                        # point | gridded
+        path: points                       # point: the Parquet dataset root (hive: stream=<name>/day=YYYY-MM-DD/)
+                                           # gridded: <name>.zarr
+        variables: [geopotential, ...]
+        levels: []                         # point streams with a `level` column: its levels (hPa)
+        mean: {geopotential: 9.6e4, ...}   # per variable, over good observations (the reader normalises with it)
+        std:  {geopotential: 4.5e3, ...}   # > 0
+        noise: {geopotential: 100.0, ...}  # nominal observation-error std, physical units (null = unknown)
+        max_per_step: 287                  # point streams: most reports in any interval of one store step
+        description: "..."
+
+Channels of a stream (`StreamInfo.channels`): a point stream without levels has its variables; with levels
+`f"{var}_{level}"` variable-major; a gridded stream its variables (the zarr's `channel` coordinate). Every
+key is checked when the registry is opened: anything malformed is a one-line DataError naming obs.yaml and
+the key. A gridded stream's grid (latitude, longitude) is read from its zarr then, so `StreamInfo` carries it.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import yaml
+
+from wxray.errors import ConfigError, DataError
+from wxray.io import write_text
+
+REGISTRY = "obs.yaml"
+VERSION = 1
+POINT, GRIDDED = "point", "gridded"
+KINDS = (POINT, GRIDDED)
+POINTS_PATH = "points"  # the Parquet dataset root every point stream of an obs dir shares
+NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")  # keys `obs.<name>.*` and hive paths need no dots, '=' or '/'
+_STREAM_KEYS = ("kind", "path", "variables", "levels", "mean", "std", "noise", "max_per_step", "description")
+
+
+@dataclass
+class StreamInfo:
+    """One stream as the registry describes it (plain values: pickles cheaply to Ray tasks)."""
+
+    name: str
+    kind: str  # POINT | GRIDDED
+    path: str  # relative to the obs dir
+    variables: list[str]
+    levels: list[int] = field(default_factory=list)
+    mean: dict[str, float] = field(default_factory=dict)
+    std: dict[str, float] = field(default_factory=dict)
+    noise: dict[str, float | None] = field(default_factory=dict)
+    max_per_step: int = 0
+    description: str = ""
+    latitude: np.ndarray | None = None  # gridded: the stream's own grid (ascending)
+    longitude: np.ndarray | None = None  # gridded: [0, 360)
+
+    @property
+    def channels(self) -> list[str]:
+        if self.kind == POINT and self.levels:
+            return [f"{v}_{lv}" for v in self.variables for lv in self.levels]
+        return list(self.variables)
+
+    @property
+    def n_channels(self) -> int:
+        return len(self.channels)
+
+    def channel_stats(self) -> tuple[np.ndarray, np.ndarray]:
+        """(mean, std) per channel, float32 (a level channel takes its variable's statistics)."""
+        per = len(self.levels) if self.kind == POINT and self.levels else 1
+        mean = np.repeat([self.mean[v] for v in self.variables], per).astype(np.float32)
+        std = np.repeat([self.std[v] for v in self.variables], per).astype(np.float32)
+        return mean, std
+
+    def data_path(self, obs_dir: str | Path) -> Path:
+        """The stream's own data: its hive directory (point) or its zarr (gridded)."""
+        root = Path(obs_dir) / self.path
+        return root / f"stream={self.name}" if self.kind == POINT else root
+
+    def to_yaml(self) -> dict[str, Any]:
+        return {"kind": self.kind, "path": self.path, "variables": list(self.variables),
+                "levels": [int(x) for x in self.levels],
+                "mean": {v: float(self.mean[v]) for v in self.variables},
+                "std": {v: float(self.std[v]) for v in self.variables},
+                "noise": {v: (None if self.noise.get(v) is None else float(self.noise[v])) for v in self.variables},
+                "max_per_step": int(self.max_per_step), "description": self.description}
+
+
+@dataclass
+class Registry:
+    obs_dir: Path
+    streams: dict[str, StreamInfo]  # in registry order
+    source_store: str = ""
+    version: int = VERSION
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.streams)
+
+    def select(self, names: list[str] | tuple[str, ...] = ()) -> list[StreamInfo]:
+        """The named streams in registry order (all for an empty selection); an unknown name is a ConfigError."""
+        for n in names:
+            if n not in self.streams:
+                raise ConfigError(f"stream '{n}' is not in {self.obs_dir / REGISTRY} "
+                                  f"(streams: {', '.join(self.streams) or 'none'})")
+        return [s for n, s in self.streams.items() if not names or n in names]
+
+    def to_yaml(self) -> str:
+        doc = {"version": self.version, "source_store": self.source_store,
+               "streams": {n: s.to_yaml() for n, s in self.streams.items()}}
+        return yaml.safe_dump(doc, sort_keys=False, width=120)
+
+
+def write_registry(reg: Registry, obs_dir: str | Path | None = None) -> Path:
+    """Write `obs.yaml` atomically (into `obs_dir`, default the registry's own)."""
+    return write_text(Path(obs_dir or reg.obs_dir) / REGISTRY, reg.to_yaml())
+
+
+def empty_registry(obs_dir: str | Path, source_store: str = "") -> Registry:
+    return Registry(Path(obs_dir), {}, source_store=source_store)
+
+
+def check_name(name: str, where: str) -> str:
+    if not isinstance(name, str) or not NAME_RE.match(name):
+        raise ConfigError(f"{where}: stream name {name!r} must start with a letter and hold only letters, digits, "
+                          f"'_' and '-'")
+    return name
+
+
+def open_registry(obs_dir: str | Path) -> Registry:
+    """Read and check `obs_dir/obs.yaml` (gridded streams' grids are read from their zarr)."""
+    obs_dir = Path(obs_dir)
+    f = obs_dir / REGISTRY
+    if not f.is_file():
+        raise DataError(f"{f} does not exist (make an obs dir with jobs/make_sample_obs.py or jobs/prepare_obs.py)")
+    try:
+        doc = yaml.safe_load(f.read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        line = getattr(getattr(e, "problem_mark", None), "line", None)
+        where = f" (line {line + 1})" if line is not None else ""
+        raise DataError(f"{f} is not readable YAML{where}") from None
+    if not isinstance(doc, dict):
+        raise DataError(f"{f}: expected a mapping with keys version, source_store, streams")
+    if doc.get("version") != VERSION:
+        raise DataError(f"{f}: key 'version' must be {VERSION}, got {doc.get('version')!r}")
+    unknown = set(doc) - {"version", "source_store", "streams"}
+    if unknown:
+        raise DataError(f"{f}: unknown key '{sorted(unknown)[0]}' (keys: version, source_store, streams)")
+    source = doc.get("source_store") or ""
+    if not isinstance(source, str):
+        raise DataError(f"{f}: key 'source_store' must be a path or \"\", got {source!r}")
+    raw = doc.get("streams")
+    if not isinstance(raw, dict) or not raw:
+        raise DataError(f"{f}: key 'streams' must be a non-empty mapping of stream name -> description")
+    streams = {}
+    for name, entry in raw.items():
+        try:
+            check_name(name, str(f))
+        except ConfigError as e:
+            raise DataError(str(e)) from None
+        streams[name] = _stream(f, name, entry)
+    return Registry(obs_dir, streams, source_store=source, version=VERSION)
+
+
+def _stream(f: Path, name: str, entry: Any) -> StreamInfo:
+    key = f"streams.{name}"
+
+    def bad(sub: str, expected: str, got: Any) -> DataError:
+        return DataError(f"{f}: key '{key}.{sub}' must be {expected}, got {got!r}")
+
+    if not isinstance(entry, dict):
+        raise DataError(f"{f}: key '{key}' must be a mapping (kind, path, variables, ...), got {entry!r}")
+    unknown = set(entry) - set(_STREAM_KEYS)
+    if unknown:
+        raise DataError(f"{f}: unknown key '{key}.{sorted(unknown)[0]}' (keys: {', '.join(_STREAM_KEYS)})")
+    kind = entry.get("kind")
+    if kind not in KINDS:
+        raise bad("kind", "one of point, gridded", kind)
+    path = entry.get("path")
+    if not isinstance(path, str) or not path or Path(path).is_absolute() or ".." in Path(path).parts:
+        raise bad("path", "a path inside the obs dir", path)
+    variables = entry.get("variables")
+    if not isinstance(variables, list) or not variables or not all(isinstance(v, str) and v for v in variables):
+        raise bad("variables", "a non-empty list of variable names", variables)
+    if len(set(variables)) != len(variables):
+        raise bad("variables", "a list without repeats", variables)
+    levels = entry.get("levels") or []
+    if not isinstance(levels, list) or not all(isinstance(x, int) and not isinstance(x, bool) and x > 0
+                                               for x in levels) or len(set(levels)) != len(levels):
+        raise bad("levels", "a list of distinct positive integers (hPa)", levels)
+    if levels and kind == GRIDDED:
+        raise bad("levels", "[] for a gridded stream (its channels are its variables)", levels)
+    stats = {}
+    for s in ("mean", "std", "noise"):
+        d = entry.get(s) if s != "noise" else (entry.get(s) or {})
+        if not isinstance(d, dict):
+            raise bad(s, "a mapping variable -> number", d)
+        for v in variables:
+            x = d.get(v)
+            if s == "noise" and x is None:
+                continue
+            ok = isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+            if not ok or (s == "std" and x <= 0) or (s == "noise" and x < 0):
+                what = {"mean": "a finite number", "std": "a finite number > 0", "noise": "a number >= 0 or null"}[s]
+                raise bad(f"{s}.{v}", what, x)
+        extra = set(d) - set(variables)
+        if extra:
+            raise DataError(f"{f}: key '{key}.{s}.{sorted(extra)[0]}' names no variable of the stream "
+                            f"({', '.join(variables)})")
+        stats[s] = {v: (None if d.get(v) is None else float(d[v])) for v in variables}
+    mps = entry.get("max_per_step", 0)
+    if not isinstance(mps, int) or isinstance(mps, bool) or mps < (1 if kind == POINT else 0):
+        raise bad("max_per_step", "an integer >= 1" if kind == POINT else "an integer >= 0", mps)
+    desc = entry.get("description") or ""
+    if not isinstance(desc, str):
+        raise bad("description", "a string", desc)
+    info = StreamInfo(name=name, kind=kind, path=path, variables=list(variables), levels=list(levels),
+                      mean=stats["mean"], std=stats["std"], noise=stats["noise"], max_per_step=mps, description=desc)
+    data = info.data_path(f.parent)
+    if not data.exists():
+        raise DataError(f"{f}: stream '{name}' has no data at {data}")
+    if kind == GRIDDED:
+        from wxray.data.obs.gridded import read_grid
+
+        info.latitude, info.longitude = read_grid(data, variables, f"{f}: stream '{name}'")
+    return info
+
+
+@dataclass
+class ObsSpec:
+    """What an `ObsWindowReader` needs (plain values: pickles cheaply to Ray tasks)."""
+
+    obs_dir: str
+    streams: list[StreamInfo]  # the selected streams in registry order
+    step: np.timedelta64  # the store's time step
+    window_steps: int = 1  # observations with t - window_steps * step < time <= t
+    max_quality: int = 0  # keep observations whose quality <= this (0 good, 1 suspect, 2 bad)
+
+    @property
+    def window(self) -> np.timedelta64:
+        return (self.window_steps * self.step).astype("timedelta64[ns]")
+
+
+def make_obs_spec(obs_dir: str | Path, step: Any, window_steps: int = 1, streams: list[str] | tuple[str, ...] = (),
+                  max_quality: int = 0) -> ObsSpec:
+    """The spec of a window reader over `streams` of `obs_dir` (() = all; an unknown name is a ConfigError)."""
+    reg = open_registry(obs_dir)
+    step = pd.Timedelta(step).to_timedelta64().astype("timedelta64[ns]")
+    if step <= np.timedelta64(0, "ns"):
+        raise ConfigError(f"obs window: the store time step must be positive, got {step}")
+    if not isinstance(window_steps, (int, np.integer)) or window_steps < 1:
+        raise ConfigError(f"obs window: window_steps must be an integer >= 1, got {window_steps!r}")
+    if max_quality not in (0, 1, 2):
+        raise ConfigError(f"obs window: max_quality must be 0, 1 or 2, got {max_quality!r}")
+    return ObsSpec(obs_dir=str(Path(obs_dir)), streams=reg.select(tuple(streams)), step=step,
+                   window_steps=int(window_steps), max_quality=int(max_quality))
