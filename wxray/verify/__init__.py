@@ -39,14 +39,24 @@ from wxray.verify.inference import (
     wilks_block_length,
 )
 from wxray.verify.spatial import REGIONS, Region, latitude_weights, region_mask, spatial_mean
+from wxray.verify.station_truth import pair_with_truth, read_station_truth
+from wxray.verify.stations import (
+    bilinear_at_points,
+    read_station_forecasts,
+    station_forecasts_from_grid,
+    station_report,
+    station_scores,
+)
 
 __all__ = [
     "DROPOUT_DRAW", "ENCODER_DRAW", "MEMBER", "MEMBER_DIMS", "REGIONS", "Region",
-    "acc", "bartlett_long_run_variance", "bias", "block_bootstrap", "branch_spread_skill",
+    "acc", "bartlett_long_run_variance", "bias", "bilinear_at_points", "block_bootstrap", "branch_spread_skill",
     "circular_block_indices", "climatology_at", "correlation_length", "crps", "crps_ecdf", "crps_fair",
     "crps_field", "diebold_mariano", "ensemble_mean", "ensemble_mean_rmse", "ensemble_size",
     "ensemble_variance", "finite_size_factor", "flatten_members", "lag1_autocorrelation",
     "latitude_weights", "mae", "mse", "nested_anova", "nested_spread_skill", "open_forecast", "open_truth",
-    "persistence_forecast", "rank_histogram", "region_mask", "regrid_like", "rmse", "spatial_mean", "spread",
-    "spread_skill_from_means", "spread_skill_ratio", "ssim", "truth_at", "wilks_block_length",
+    "pair_with_truth", "persistence_forecast", "rank_histogram", "read_station_forecasts", "read_station_truth",
+    "region_mask", "regrid_like", "rmse", "spatial_mean", "spread", "spread_skill_from_means",
+    "spread_skill_ratio", "ssim", "station_forecasts_from_grid", "station_report", "station_scores", "truth_at",
+    "wilks_block_length",
 ]

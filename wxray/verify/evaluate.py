@@ -2,6 +2,7 @@
 
     python jobs/evaluate.py forecast=fc.zarr truth=store.zarr [baseline=other.zarr|persistence] \
         [variables=[geopotential]] [levels=[500]] [regrid=true] [skipna=true] [n_bootstrap=5000]
+    python jobs/evaluate.py stations=st.parquet station_obs=obs_dir [station_baseline=bilinear forecast=fc.zarr]
 
 Outputs in the run directory: scorecard.nc (layout in `wxray.verify.scorecard`), scorecard.csv (one row per
 channel x lead x metric), plots/*.png (`wxray.verify.plots`: score vs lead, WeatherBench-2-style heatmaps
@@ -9,6 +10,12 @@ scorecard_<metric>.png against a baseline, spread-skill, rank histograms, maps) 
 (`headline`: scores, baseline scores and rel_diff = forecast / baseline - 1 at the first and last lead).
 Channels come in the configured order, else sorted. A forecast on a block of the truth grid (cropped to fit
 a model) is scored on those truth points; baseline and climatology are cut to them too.
+
+With `stations` a station forecast (Parquet) is scored against a point stream of an obs dir
+(`wxray.verify.stations`: RMSE, bias, MAE per variable and lead, per-station RMSE; beside a second station
+forecast or the bilinear interpolation of the gridded `forecast`, on the same pairs): stations.csv (one row
+per variable x lead), stations.nc and a `stations` block in RESULT (`scores_summary`). With `truth` empty
+only the stations are scored (the gridded `forecast`, if given, is then only the bilinear baseline).
 
 Everything is scored before anything is written, and each output is written atomically, so a bad
 input leaves no partial scorecard behind.
@@ -45,9 +52,11 @@ from wxray.verify.forecasts import (
 from wxray.verify.plots import write_plots
 from wxray.verify.scorecard import REL_DIFF_CONVENTION, Model, build_scorecard, scorecard_table
 from wxray.verify.spatial import RegionName
+from wxray.verify.stations import log_station_metrics, scores_summary, scores_table, station_evaluation
 
 HEADLINE_METRICS = ("rmse", "crps", "ssr", "acc")
 Baseline = Annotated[str, PathKey(keywords=("persistence",))]
+StationBaseline = Annotated[str, PathKey(keywords=("bilinear",))]
 
 
 @dataclass
@@ -71,19 +80,43 @@ class EvaluateConfig(JobConfig):
     significance_method: Literal["fixed-b", "paper"] = "fixed-b"
     seed: Seed = 0  # seed of the bootstrap resampling (significance_method=paper only)
     plots: bool = True  # write the scorecard figures (plots/*.png)
+    stations: InPath = ""  # station forecast Parquet: init_time, lead_time [h], station, lat, lon, variable, value
+    station_obs: InPath = ""  # obs dir (obs.yaml + point streams) whose `station_stream` is the station truth
+    station_stream: str = "stations"  # the point stream of station_obs scored against (quality 0 observations)
+    station_baseline: StationBaseline = ""  # "bilinear" (`forecast` interpolated to the stations) or a station Parquet
 
     experiment = "wxray-evaluate"
 
     def validate(self) -> None:
-        if bool(self.forecast) == self.make_persistence:
-            raise ConfigError("give exactly one of forecast=<zarr> or make_persistence=true")
-        if not self.truth:
+        gridded = bool(self.forecast) or self.make_persistence
+        if (self.forecast and self.make_persistence) or not (gridded or self.stations):
+            raise ConfigError("give exactly one of forecast=<zarr> or make_persistence=true (or stations=<parquet>)")
+        bilinear_only = self.stations and self.forecast and self.station_baseline == "bilinear"
+        if not self.truth and not (bilinear_only or (self.stations and not gridded)):
             raise ConfigError("config key 'truth' is required (a store or an ERA5 netCDF/GRIB file)")
+        if self.truth and not gridded:
+            raise ConfigError("config key 'truth' scores a gridded forecast: give forecast=<zarr> or "
+                              "make_persistence=true, or leave truth empty to score only the stations")
+        self._validate_stations()
         if self.truth_member not in ("", "mean") and not self.truth_member.isdigit():
             raise ConfigError(f"config key 'truth_member' expects '', 'mean' or a member index, "
                               f"got {self.truth_member!r}")
         if self.make_persistence and not self.leads:
             raise ConfigError("config key 'leads' needs at least one lead in hours")
+
+    def _validate_stations(self) -> None:
+        if not self.stations:
+            for key in ("station_obs", "station_baseline"):
+                if getattr(self, key):
+                    raise ConfigError(f"config key '{key}' needs stations=<station forecast parquet>")
+            return
+        if not self.station_obs:
+            raise ConfigError("config key 'station_obs' is required with stations= (the obs dir of the station truth)")
+        if not self.station_stream:
+            raise ConfigError("config key 'station_stream' must name a point stream of station_obs")
+        if self.station_baseline == "bilinear" and not self.forecast:
+            raise ConfigError("config key 'station_baseline': bilinear interpolates the gridded forecast; "
+                              "give forecast=<zarr>")
 
 
 def _prepare(ds: xr.Dataset, truth: xr.Dataset, name: str, regrid: bool) -> xr.Dataset:
@@ -220,7 +253,32 @@ def _log_metrics(card: xr.Dataset, ctx: JobContext) -> None:
         ctx.tracker.log_metrics(values, step=int(round(h)))
 
 
+def score_stations(cfg: EvaluateConfig) -> xr.Dataset:
+    """Station scores (`wxray.verify.stations`) of `stations`, beside its baseline on the same pairs."""
+    bilinear = cfg.station_baseline == "bilinear"
+    return station_evaluation(cfg.stations, cfg.station_obs, cfg.station_stream,
+                              gridded=open_forecast(cfg.forecast) if bilinear else None,
+                              gridded_name=f"forecast {cfg.forecast}",
+                              baseline="" if bilinear else cfg.station_baseline)
+
+
+def _write_stations(scores: xr.Dataset, ctx: JobContext) -> dict[str, Any]:
+    out = ctx.out_dir
+    with atomic_path(out / "stations.nc") as tmp:
+        scores.to_netcdf(tmp)
+    with atomic_path(out / "stations.csv") as tmp:
+        scores_table(scores).to_csv(tmp, index=False, float_format="%.6g")
+    for name in ("stations.nc", "stations.csv"):
+        ctx.tracker.log_artifact(out / name)
+    log_station_metrics(scores, ctx.tracker)
+    block = {k: str(scores.attrs[k]) for k in ("forecast", "truth", "baseline")}
+    return {**block, **scores_summary(scores), "csv": str(out / "stations.csv"), "netcdf": str(out / "stations.nc")}
+
+
 def evaluate(cfg: EvaluateConfig, ctx: JobContext) -> dict[str, Any]:
+    stations = score_stations(cfg) if cfg.stations else None  # cheap: bad station input fails first
+    if not cfg.truth:  # station-only (validate: stations is set)
+        return {"stations": _write_stations(stations, ctx)}
     forecast, baseline, truth, climatology, chans = load_inputs(cfg)
     card = build_scorecard(forecast, truth, chans, climatology=climatology, baseline=baseline,
                            region=None if cfg.region == "global" else cfg.region, skipna=cfg.skipna,
@@ -244,4 +302,7 @@ def evaluate(cfg: EvaluateConfig, ctx: JobContext) -> dict[str, Any]:
     if cfg.plots:
         ctx.tracker.log_artifact(out / "plots", artifact_path="plots")
     _log_metrics(card, ctx)
-    return {**headline(card), "scorecard": str(out / "scorecard.nc")}
+    result = {**headline(card), "scorecard": str(out / "scorecard.nc")}
+    if stations is not None:
+        result["stations"] = _write_stations(stations, ctx)
+    return result
