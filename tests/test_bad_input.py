@@ -140,7 +140,8 @@ def test_bad_config_is_one_line_and_changes_nothing(cmd, data, sandbox, capsys, 
     job, cfg_cls, _, _ = JOBS[cmd]
     # A valid-looking rest of the command, so the bad key is the only thing wrong.
     required = {"evaluate": ["forecast=fc.zarr", "truth=truth.zarr"], "forecast": ["checkpoint=run"],
-                "prepare-data": ["source=src.nc", "out=out.zarr"]}.get(cmd, [])
+                "prepare-data": ["source=src.nc", "out=out.zarr"],
+                "prepare-obs": ["source=st.csv", "out=obs", "stream=st"]}.get(cmd, [])
     before = listing(root)
 
     def must_not_run(cfg, ctx):

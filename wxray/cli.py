@@ -25,6 +25,11 @@ JOBS: dict[str, tuple[str, str, str, str]] = {
                      "convert ERA5 NetCDF / GRIB / zarr into a wxray store with statistics"),
     "make-sample-data": ("make_sample_data", "wxray.data.jobs:SampleDataConfig", "wxray.data.jobs:make_sample_main",
                          "generate the shallow-water sample store (synthetic, not ERA5)"),
+    "make-sample-obs": ("make_sample_obs", "wxray.data.obs.jobs:SampleObsConfig",
+                        "wxray.data.obs.jobs:make_sample_obs_main",
+                        "derive synthetic observation streams (stations, ships, profiles, swaths) from a store"),
+    "prepare-obs": ("prepare_obs", "wxray.data.obs.jobs:PrepareObsConfig", "wxray.data.obs.jobs:prepare_obs_main",
+                    "convert a station table (CSV / Parquet) into a point stream of an obs dir"),
 }
 
 

@@ -53,9 +53,9 @@ def point_stream(name: str, rows: list[dict], variables: list[str], step=STEP, *
     for v in variables:
         df[v] = df[v].astype(np.float32)
     mean, std = point_stats(df, variables, name)
+    most = kw.pop("max_per_step", None) or max_per_step(report_times(df), step)
     info = StreamInfo(name, POINT, POINTS_PATH, variables, kw.pop("levels", []), mean, std,
-                      {v: None for v in variables}, kw.pop("max_per_step", None) or max_per_step(report_times(df), step),
-                      **kw)
+                      {v: None for v in variables}, most, **kw)
     return info, to_table(df, variables)
 
 
