@@ -15,7 +15,7 @@ RAY_DASHBOARD_PORT ?= 8265
 RAY_CPUS ?= $(shell nproc)
 HEAD_PID := runs/ray-head.pid
 
-.PHONY: setup demo test test-fast lint bench mlflow-ui clean train ray-up submit ray-down
+.PHONY: setup demo demo-e2e test test-fast lint bench mlflow-ui clean train ray-up submit ray-down
 
 setup: $(STAMP)
 
@@ -30,6 +30,12 @@ $(STAMP): pyproject.toml
 
 demo: setup
 	$(BIN)/python jobs/train_sparse.py
+
+# The end-to-end system on the sample: four stages (run name e2e), a forecast with station scores.
+demo-e2e: setup
+	for stage in encoder processor decoder chain; do \
+		$(BIN)/python jobs/train_e2e.py stage=$$stage $(ARGS) || exit 1; done
+	$(BIN)/python jobs/forecast_e2e.py
 
 train: setup   # make train ARGS="model.keep_ratio=0.5 train.epochs=10"
 	$(BIN)/python jobs/train_sparse.py $(ARGS)
@@ -69,6 +75,7 @@ lint: setup
 bench: setup
 	$(BIN)/python benchmarks/bench_sparse.py
 	$(BIN)/python benchmarks/bench_data.py
+	$(BIN)/python benchmarks/bench_setconv.py
 	$(BIN)/python benchmarks/bench_significance.py
 
 mlflow-ui: setup

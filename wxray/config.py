@@ -212,6 +212,11 @@ def _build(cls: type[T], values: dict[str, Any], prefix: str = "") -> T:
         if k not in fields:
             where = f"under '{prefix}'" if prefix else "at top level"
             raise ConfigError(f"unknown config key '{key}' (known keys {where}: {', '.join(fields)})")
+        factory = fields[k].default_factory
+        if isinstance(v, dict) and factory is not dataclasses.MISSING and dataclasses.is_dataclass(hints[k]):
+            # a section given in part keeps the defaults its owner chose for the rest (the factory's, which
+            # may differ from the section class's own: the e2e data section has history 1)
+            v = _deep_merge(to_dict(factory()), v)
         kwargs[k] = _coerce(v, hints[k], key)
     return cls(**kwargs)
 

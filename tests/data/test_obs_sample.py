@@ -12,7 +12,7 @@ import xarray as xr
 from tests.data.data_helpers import JobRun
 from tests.data.obs_helpers import listing, write_level_store
 from wxray.data.obs import open_registry
-from wxray.data.obs.sample import NOISE, make_sample_obs
+from wxray.data.obs.sample import NOISE, make_sample_obs, representativeness
 from wxray.data.obs.synth import CONTINENTS, box_area, in_boxes
 from wxray.data.schema import open_stats, open_store
 from wxray.errors import DataError
@@ -77,15 +77,19 @@ def test_station_density_is_uneven(small_obs):
 def test_point_values_are_truth_plus_the_documented_noise(small_obs, small_store):
     reg = open_registry(small_obs.obs_dir)
     st = points(small_obs.obs_dir, "stations")
+    land = in_boxes(st.latitude.to_numpy(), st.longitude.to_numpy())
     for v in reg.streams["stations"].variables:
-        res = st[v].to_numpy() - truth_at(small_store, v, st.time.to_numpy(), st.latitude.to_numpy(),
-                                          st.longitude.to_numpy())
+        # what a station measures of the grid state (representativeness), then the documented noise
+        seen = representativeness(v, truth_at(small_store, v, st.time.to_numpy(), st.latitude.to_numpy(),
+                                              st.longitude.to_numpy()), land, st.altitude.to_numpy())
+        res = st[v].to_numpy() - seen
         good = (st.quality == 0).to_numpy() & np.isfinite(res)
         noise = reg.streams["stations"].noise[v]
         assert abs(res[good].std() / noise - 1) < 0.1 and abs(res[good].mean()) < 0.1 * noise, v
     z = "geopotential"
-    res = st[z].to_numpy() - truth_at(small_store, z, st.time.to_numpy(), st.latitude.to_numpy(),
-                                      st.longitude.to_numpy())
+    res = st[z].to_numpy() - representativeness(z, truth_at(small_store, z, st.time.to_numpy(),
+                                                            st.latitude.to_numpy(), st.longitude.to_numpy()),
+                                                land, st.altitude.to_numpy())
     assert np.nanmedian(np.abs(res[(st.quality == 2).to_numpy()])) > 50 * reg.streams["stations"].noise[z]
     # ships: times jittered inside the step, truth linear in time within a trajectory, far from the boxes
     sh = points(small_obs.obs_dir, "ships")
@@ -153,8 +157,11 @@ def test_profiles_on_a_store_with_levels(tmp_path):
     # surface streams of a store without surface fields observe the lowest level (1000 hPa)
     st = points(res.obs_dir, "stations")
     st = st[st.quality == 0]
-    res = {lv: st.geopotential.to_numpy() - truth_at(store, "geopotential", st.time.to_numpy(), st.latitude.to_numpy(),
-                                                     st.longitude.to_numpy(), level=lv) for lv in (1000, 850)}
+    land = in_boxes(st.latitude.to_numpy(), st.longitude.to_numpy())
+    res = {lv: st.geopotential.to_numpy() - representativeness(
+        "geopotential", truth_at(store, "geopotential", st.time.to_numpy(), st.latitude.to_numpy(),
+                                 st.longitude.to_numpy(), level=lv), land, st.altitude.to_numpy())
+           for lv in (1000, 850)}
     assert np.nanstd(res[1000]) < 0.2 * np.nanstd(res[850])
 
 

@@ -9,7 +9,10 @@ plus Gaussian noise of the stream's documented std (obs.yaml `noise`); the truth
 * `stations` (point): ~300 fixed sites, 75% inside three 'continent' boxes (dense), the rest spread over
   the remaining sphere (sparse); they report at the store's step times, ~10% of reports missing, 2% of values
   missing, 3% of reports flagged suspect (quality 1, one variable off by 4-8 store std: gross errors) and 0.5%
-  bad (quality 2, every variable off); an `altitude` column (m; NaN for 2% of sites).
+  bad (quality 2, every variable off); an `altitude` column (m, from a smooth orography over the continents;
+  NaN for 2% of sites). Land stations see the grid state as stations do, with representativeness error:
+  winds slowed by friction over the continents and geopotential lowered by the station height
+  (`_representativeness`), so station truth is not the grid interpolated (a decoder has something to learn).
 * `ships` (point): ~60 platforms sailing the sparse regions; report times jittered uniformly inside the step
   (t - step, t], the truth interpolated linearly in time within a trajectory; 15% of reports missing,
   noise 1.5x the stations'; 2% suspect.
@@ -57,7 +60,7 @@ from wxray.data.obs.points import (
     write_point_stream,
 )
 from wxray.data.obs.registry import GRIDDED, POINT, POINTS_PATH, Registry, StreamInfo, write_registry
-from wxray.data.obs.synth import between, bilinear, place_stations, ship_tracks, swath_mask
+from wxray.data.obs.synth import between, bilinear, orography, place_stations, ship_tracks, swath_mask
 from wxray.data.schema import GLOBAL, TRAJECTORY, grid_kind, open_stats, open_store, time_step
 from wxray.data.schema import LEVEL as STORE_LEVEL
 from wxray.errors import DataError
@@ -181,7 +184,8 @@ def _corrupt(rng, df: pd.DataFrame, variables: list[str], tr: Truth, suspect: fl
 def _stations(tr: Truth, rng, n: int, missing: float, suspect: float) -> tuple[pd.DataFrame, list[str], float]:
     variables = _surface_vars(tr)
     lat, lon, dense = place_stations(rng, n)
-    alt = np.where(dense, rng.gamma(2.0, 250.0, n), rng.gamma(1.0, 60.0, n)).clip(0, 4500).astype(np.float32)
+    height = orography(lat, lon) * rng.uniform(0.8, 1.2, n)  # a site is not at its grid box's mean height
+    alt = height.astype(np.float32)
     alt[rng.random(n) < 0.02] = np.nan
     t, s = (x.ravel() for x in np.meshgrid(np.arange(tr.n_times), np.arange(n), indexing="ij"))
     keep = rng.random(t.size) >= missing
@@ -189,11 +193,23 @@ def _stations(tr: Truth, rng, n: int, missing: float, suspect: float) -> tuple[p
     df = pd.DataFrame({TIME: tr.times[t], STATION: np.array([f"ST{i:04d}" for i in range(n)])[s],
                        LAT: lat[s], LON: lon[s], ALTITUDE: alt[s]})
     for v in variables:
-        x = tr.at(v, None, t, lat[s], lon[s]) + _noise(tr, v, 1.0) * rng.standard_normal(t.size)
+        x = representativeness(v, tr.at(v, None, t, lat[s], lon[s]), dense[s], height[s])
+        x = x + _noise(tr, v, 1.0) * rng.standard_normal(t.size)
         x[rng.random(t.size) < 0.02] = np.nan
         df[v] = x.astype(np.float32)
     df[QUALITY] = _corrupt(rng, df, variables, tr, suspect, 0.005)
     return df, variables, 1.0
+
+
+def representativeness(var: str, grid_value: np.ndarray, land: np.ndarray, height: np.ndarray) -> np.ndarray:
+    """What a land station measures of the grid-box state: winds slowed by surface friction over the continents
+    (x 0.7), geopotential lowered by its height above the grid's mean surface (- 0.5 g h). A station decoder
+    can learn both from where a station is; bilinear interpolation of the grid cannot."""
+    if "wind" in var:
+        return grid_value * np.where(land, 0.7, 1.0)
+    if var == "geopotential":
+        return grid_value - 0.5 * 9.80665 * height
+    return grid_value
 
 
 def _ships(tr: Truth, rng, n: int) -> tuple[pd.DataFrame, list[str], float]:
@@ -328,7 +344,8 @@ def make_sample_obs(store: str | Path = DEFAULT_STORE, out: str | Path = "data/s
         streams.append(_point_info("stations", df, variables, [], f, tr,
                                    f"{stations} fixed stations, 75% in three dense 'continent' boxes, the rest sparse; "
                                    f"reports at the store steps, {missing:.0%} missing, {suspect:.0%} suspect "
-                                   f"(gross errors), 0.5% bad; altitude column"))
+                                   f"(gross errors), 0.5% bad; altitude column; representativeness: land winds x 0.7, "
+                                   f"geopotential - 0.5 g altitude"))
     if ships:
         df, variables, f = _ships(tr, _rng(seed, "ships"), ships)
         tables["ships"] = (df, variables)

@@ -30,6 +30,19 @@ def in_boxes(lat: np.ndarray, lon: np.ndarray, boxes=CONTINENTS) -> np.ndarray:
     return inside
 
 
+def orography(lat: np.ndarray, lon: np.ndarray) -> np.ndarray:
+    """A smooth terrain height (m): one Gaussian mountain range per continent box (peak 2000 m, e-folding a
+    quarter of the box), zero over the sparse regions. Station altitudes follow it, so what a station sees
+    that the grid does not (`sample._representativeness`) is a function of where it is."""
+    lat, lon = np.asarray(lat, np.float64), np.mod(np.asarray(lon, np.float64), 360.0)
+    h = np.zeros(lat.shape)
+    for s, n, w, e in CONTINENTS:
+        clat, clon = (s + n) / 2, (w + e) / 2
+        dlat, dlon = (lat - clat) / ((n - s) / 4), (np.mod(lon - clon + 180, 360) - 180) / ((e - w) / 4)
+        h += 2000.0 * np.exp(-0.5 * (dlat ** 2 + dlon ** 2))
+    return h
+
+
 def box_area(box) -> float:
     """Solid angle (steradians) of a lat/lon box."""
     s, n, w, e = box

@@ -1,0 +1,124 @@
+"""The driver of `jobs/train_e2e.py`: one stage of the end-to-end system as a Ray Train run, then its scores.
+
+Everything is checked before Ray starts (store, streams, configs, the earlier stages a stage needs). The
+processor stage is the forecaster's job (`trainer.train_sparse`, history 1) so it keeps every feature of
+it; encoder, decoder and chain run `e2e_loop.train_fn_per_worker` with the same Train machinery.
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+from wxray.config import to_dict
+from wxray.errors import CheckpointError, ConfigError, DataError
+from wxray.job import JobContext, say
+from wxray.platform import accelerators as acc
+from wxray.platform import checkpoints
+from wxray.platform.datasets import DataConfig, exactly_once_data_config
+from wxray.platform.e2e_config import TrainE2EConfig
+from wxray.platform.e2e_data import E2EData, E2EReader, build_e2e_datasets, prepare_e2e
+from wxray.platform.e2e_eval import evaluate_stage
+from wxray.platform.e2e_models import build_stage_model, stage_identity
+from wxray.platform.reporting import ProgressPrinter
+from wxray.platform.train_config import TrainSparseConfig
+from wxray.platform.trainer import _figures, _training_error, train_sparse
+from wxray.platform.trainer_loop import model_identity
+
+
+def stage_checkpoint(cfg: TrainE2EConfig, stage: str, needed_by: str) -> Path:
+    """The newest checkpoint of an earlier stage of this chain (CheckpointError naming what to run)."""
+    d = Path(cfg.stages_dir) / stage
+    last = checkpoints.latest(d / "ray")
+    if last is None:
+        name = cfg.run_name or "e2e"
+        raise CheckpointError(f"stage {needed_by} needs the {stage} stage first: no checkpoint under {d} "
+                              f"(run jobs/train_e2e.py stage={stage} run_name={name})")
+    return last
+
+
+def processor_config(cfg: TrainE2EConfig) -> TrainSparseConfig:
+    data = DataConfig(**{f.name: getattr(cfg.data, f.name) for f in fields(DataConfig)})
+    return TrainSparseConfig(out_dir=cfg.out_dir, run_name=cfg.run_name, tracking=cfg.tracking, data=data,
+                             model=cfg.processor, optim=cfg.optim, train=cfg.train, scaling=cfg.scaling,
+                             ray_address=cfg.ray_address, ray_timeout_s=cfg.ray_timeout_s)
+
+
+def initial_weights(cfg: TrainE2EConfig, data: E2EData) -> dict[str, str]:
+    """Chain: the encoder and processor stages' checkpoints, checked against this run's model configs."""
+    if cfg.stage != "chain":
+        return {}
+    enc = stage_checkpoint(cfg, "encoder", "chain")
+    proc = stage_checkpoint(cfg, "processor", "chain")
+    checkpoints.read_meta(enc, expect_model=stage_identity(cfg, data, "encoder"))
+    checkpoints.read_meta(proc, expect_model=model_identity(cfg.processor, data.spec))
+    return {"encoder": str(enc), "processor": str(proc)}
+
+
+def train_e2e(cfg: TrainE2EConfig, ctx: JobContext) -> dict[str, Any]:
+    if cfg.encoder.patch_size != cfg.processor.patch_size:
+        raise ConfigError(f"encoder.patch_size={cfg.encoder.patch_size} and processor.patch_size="
+                          f"{cfg.processor.patch_size} must agree: the analysis is the processor's input grid")
+    if cfg.stage == "processor":
+        return train_sparse(processor_config(cfg), ctx)
+    data = prepare_e2e(cfg.data, cfg.encoder.patch_size)
+    try:
+        model = build_stage_model(cfg, data)
+    except ValueError as e:
+        raise ConfigError(f"{cfg.stage}: {e}") from None
+    init = initial_weights(cfg, data)
+    if "train" not in data.windows.anchors or not len(data.windows.anchors["train"]):
+        raise DataError(f"store {cfg.data.store}: no valid training windows (check data.*_range)")
+    identity = stage_identity(cfg, data)
+    last = checkpoints.latest(Path(cfg.out_dir) / "ray")
+    if last is not None:
+        checkpoints.read_meta(last, expect_model=identity)
+    example = E2EReader(data.spec, data.obs)({"anchor": data.windows.anchors["train"][:1]})
+    acc.ensure_ray(cfg.ray_address, timeout_s=cfg.ray_timeout_s)
+    acc.check_cluster_fits(cfg.scaling, reserve_cpus=cfg.data.read_cpus)
+    ctx.start()
+    if last is not None:
+        say(f"resuming from {last}")
+    n_params = sum(p.numel() for p in model.parameters())
+    counts = data.counts()
+    ctx.tracker.log_params({"n_parameters": n_params, "streams": ",".join(s.name for s in data.obs.streams),
+                            **{f"windows.{k}": v for k, v in counts.items()}})
+    say(f"stage {cfg.stage}: {n_params / 1e6:.2f}M parameters, streams "
+        f"{', '.join(s.name for s in data.obs.streams)}, windows {counts}, run directory {ctx.out_dir}")
+    ctx.keep_on_failure = True
+    with ProgressPrinter() as progress:
+        trainer = _make_trainer(cfg, data, Path(ctx.out_dir), identity, init, example, ctx, progress.queue)
+        try:
+            result = trainer.fit()
+        except Exception as e:
+            raise _training_error(e) from None
+    if result.checkpoint is None:
+        raise CheckpointError(f"stage {cfg.stage} in {ctx.out_dir} finished without a checkpoint")
+    metrics = result.metrics or {}
+    with result.checkpoint.as_directory() as d:
+        scores = evaluate_stage(cfg, data, Path(d), Path(ctx.out_dir), ctx.tracker)
+    return {"stage": cfg.stage, "val_rmse": _figures(metrics, "val/rmse/"), "val_loss": metrics.get("val/loss"),
+            "train_loss": metrics.get("train/epoch_loss"), "epochs": int(metrics.get("epoch", 0)),
+            "checkpoint": str(Path(result.checkpoint.path).resolve()), "n_parameters": n_params,
+            "windows": counts, **scores}
+
+
+def _make_trainer(cfg: TrainE2EConfig, data: E2EData, out_dir: Path, identity, init, example, ctx, progress):
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig
+    from ray.train.torch import TorchTrainer
+
+    from wxray.platform.e2e_loop import train_fn_per_worker
+
+    datasets = build_e2e_datasets(cfg.data, data)
+    loop_config = {"cfg": to_dict(cfg), "data": data, "n_train": len(data.windows.anchors["train"]),
+                   "has_val": "val" in datasets, "identity": identity, "init": init, "example": example,
+                   "tracking_uri": ctx.tracker.uri, "mlflow_run_id": ctx.tracker.run_id or "", "progress": progress}
+    return TorchTrainer(
+        train_fn_per_worker, train_loop_config=loop_config, scaling_config=acc.ray_scaling_config(cfg.scaling),
+        run_config=RunConfig(name="train", storage_path=str((out_dir / "ray").resolve()),
+                             failure_config=FailureConfig(max_failures=cfg.train.max_failures),
+                             checkpoint_config=CheckpointConfig(num_to_keep=cfg.train.keep_checkpoints)),
+        datasets={k: v for k, v in datasets.items() if k in ("train", "val")},
+        dataset_config=exactly_once_data_config(),
+    )
