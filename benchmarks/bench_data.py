@@ -1,8 +1,10 @@
 """Samples/s of the Ray Data window pipeline against a plain single-process loop reading the same windows.
 
     python benchmarks/bench_data.py [--store data/sample_32x64.zarr] [--cpus 2] [--repeats 3] [--json out.json]
+    python benchmarks/bench_data.py --obs data/sample_obs     # end-to-end windows: state + every obs stream
 
-Both paths read, stack and normalise identical windows with `WindowReader`; the Ray path runs the reads
+Both paths read, stack and normalise identical windows with `WindowReader` (with `--obs`: `E2EReader`, the
+state plus every observation stream of the assimilation window); the Ray path runs the reads
 in parallel `map_batches` tasks and consumes them with `iter_batches`, as a Train worker does. Ratios
 come from one run on one machine; absolute numbers depend on disk cache and core count.
 """
@@ -26,8 +28,7 @@ from wxray.platform.datasets import DataConfig, prepare_windows, window_dataset 
 from wxray.platform.windows import WindowReader  # noqa: E402
 
 
-def plain_loop(spec, anchors, batch: int) -> float:
-    reader = WindowReader(spec)
+def plain_loop(reader, anchors, batch: int) -> float:
     t0 = time.perf_counter()
     n = 0
     for i in range(0, len(anchors), batch):
@@ -36,8 +37,8 @@ def plain_loop(spec, anchors, batch: int) -> float:
     return n / (time.perf_counter() - t0)
 
 
-def ray_pipeline(spec, anchors, read_batch: int, batch: int, read_cpus: float) -> float:
-    ds = window_dataset(spec, anchors, read_batch_size=read_batch, read_cpus=read_cpus)
+def ray_pipeline(make_dataset, anchors, read_batch: int, batch: int, read_cpus: float) -> float:
+    ds = make_dataset(anchors, read_batch_size=read_batch, read_cpus=read_cpus)
     t0 = time.perf_counter()
     n = 0
     for out in ds.iter_batches(batch_size=batch, batch_format="numpy"):
@@ -55,26 +56,42 @@ def main() -> None:
     p.add_argument("--history", type=int, default=2)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--json", default="")
+    p.add_argument("--obs", default="", help="an obs dir: benchmark end-to-end windows (history 1)")
     args = p.parse_args()
 
     import ray
     import ray.data
 
-    data = prepare_windows(DataConfig(store=args.store, history=args.history, split_fractions=(1.0, 0.0, 0.0)))
+    if args.obs:
+        from wxray.platform.e2e_config import ObsDataConfig
+        from wxray.platform.e2e_data import E2EReader, e2e_dataset, prepare_e2e
+
+        e2e = prepare_e2e(ObsDataConfig(store=args.store, obs_dir=args.obs, history=1,
+                                        split_fractions=(1.0, 0.0, 0.0)), patch_size=1)
+        data, reader = e2e.windows, E2EReader(e2e.spec, e2e.obs)
+
+        def make_dataset(anchors, **kw):
+            return e2e_dataset(e2e, anchors, **kw)
+    else:
+        data = prepare_windows(DataConfig(store=args.store, history=args.history, split_fractions=(1.0, 0.0, 0.0)))
+        reader = WindowReader(data.spec)
+
+        def make_dataset(anchors, **kw):
+            return window_dataset(data.spec, anchors, **kw)
     # Several passes per measurement so Ray Data's start-up (planning, first tasks) is amortised as in training.
     anchors = np.tile(np.sort(data.anchors["train"]), args.passes)
     ray.init(address="local", num_cpus=args.cpus, include_dashboard=False, log_to_driver=False)
     ray.data.DataContext.get_current().enable_progress_bars = False
     read_cpus = 1.0
-    plain_loop(data.spec, np.unique(anchors), args.batch)  # warm the page cache for both paths
+    plain_loop(reader, np.unique(anchors), args.batch)  # warm the page cache for both paths
     plain, piped = [], []
     for _ in range(args.repeats):
-        plain.append(plain_loop(data.spec, anchors, args.batch))
-        piped.append(ray_pipeline(data.spec, anchors, args.read_batch, args.batch, read_cpus))
+        plain.append(plain_loop(reader, anchors, args.batch))
+        piped.append(ray_pipeline(make_dataset, anchors, args.read_batch, args.batch, read_cpus))
     ray.shutdown()
     res = {
         "date": dt.date.today().isoformat(), "machine": f"{platform.machine()}, {os.cpu_count()} cores",
-        "store": args.store, "grid": list(data.spec.grid), "channels_in": data.spec.n_in_channels,
+        "store": args.store, "obs": args.obs, "grid": list(data.spec.grid), "channels_in": data.spec.n_in_channels,
         "windows": int(len(anchors)) // args.passes, "passes": args.passes, "read_batch": args.read_batch,
         "ray_cpus": args.cpus,
         "plain_samples_per_s": float(np.median(plain)), "ray_samples_per_s": float(np.median(piped)),

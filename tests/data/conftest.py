@@ -33,23 +33,3 @@ def run_prepare(prepare_job, capsys, tmp_path):
         return JobRun(rc, cap.out, cap.err)
 
     return run
-
-
-@pytest.fixture(scope="session")
-def small_store(tmp_path_factory):
-    """A small shallow-water sample store (16x32, 2 trajectories of 2 days: 16 steps)."""
-    from tests.data.obs_helpers import SMALL
-    from wxray.data.sample import make_sample_store
-
-    path = tmp_path_factory.mktemp("obs_store") / "small.zarr"
-    make_sample_store(path, progress=False, **SMALL)
-    return path
-
-
-@pytest.fixture(scope="session")
-def small_obs(small_store, tmp_path_factory):
-    """The sample observation streams derived from `small_store` (seed 0)."""
-    from wxray.data.obs.sample import make_sample_obs
-
-    out = tmp_path_factory.mktemp("obs_dir") / "obs"
-    return make_sample_obs(small_store, out, seed=0)

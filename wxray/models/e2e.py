@@ -4,6 +4,9 @@ Encoder, observations -> analysis z0 on the model grid (h, w), in normalised sta
     e_s  = SetConv_s(stream s) -> (b, 2 C_s, h, w) [density, value] per channel; 0 where s is denied
     x    = concat(e_1 .. e_S in stream order, static)               (b, sum 2 C_s + n_static, h, w)
     z0   = ResSlimViT(PixelMLP(x))                                  (b, n_out, h, w)
+PixelMLP maps every pixel to `latent` channels (default n_out): a first guess per state variable, which the
+ViT's tokenizer treats as its variables (one patch embedding each, then aggregated over variables). Its
+cost grows with the number of those channels, so they stay few; the MLP's own width is `hidden`.
 Each stream has its own SetConv, hence its own learnable length scale. A denied stream's channels are exact
 zeros, the same as a stream with no observations in the window (density 0 = "absent").
 
@@ -31,7 +34,7 @@ from wxray.models.setconv import ArrayLike, SetConv, grid_spacing_deg
 
 KINDS = ("point", "gridded")
 # batch keys per stream kind: (required, optional)
-KEYS = {"point": (("coords", "values", "mask"), ("id",)), "gridded": (("values", "mask"), ())}
+KEYS = {"point": (("coords", "values", "mask"), ("id", "altitude")), "gridded": (("values", "mask"), ())}
 
 
 @dataclass
@@ -80,6 +83,7 @@ class ObsEncoder(nn.Module):
         n_out: int,
         *,
         hidden: int = 64,
+        latent: int | None = None,
         patch_size: int = 2,
         embed_dim: int = 128,
         depth: int = 4,
@@ -113,11 +117,12 @@ class ObsEncoder(nn.Module):
         self._slices = {s.name: slice(offsets[i], offsets[i + 1]) for i, s in enumerate(streams)}
         self.n_embed = offsets[-1]
 
+        latent = n_out if latent is None else latent
         self.pixel_mlp = nn.Sequential(
-            nn.Conv2d(self.n_embed + n_static, hidden, 1), nn.GELU(), nn.Conv2d(hidden, hidden, 1)
+            nn.Conv2d(self.n_embed + n_static, hidden, 1), nn.GELU(), nn.Conv2d(hidden, latent, 1)
         )
         self.backbone = ResSlimViT(
-            n_vars=hidden, history=1, n_const=0, n_out=n_out, img_size=self.img_size, patch_size=patch_size,
+            n_vars=latent, history=1, n_const=0, n_out=n_out, img_size=self.img_size, patch_size=patch_size,
             embed_dim=embed_dim, depth=depth, num_heads=num_heads, mlp_ratio=mlp_ratio, keep_ratio=1.0,
             dropout=dropout, periodic_longitude=periodic_longitude,
         )

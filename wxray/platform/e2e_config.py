@@ -47,6 +47,7 @@ class ObsDataConfig(DataConfig):
 @dataclass
 class EncoderConfig:
     hidden: PosInt = 64  # width of the per-pixel MLP between the SetConv embeddings and the ViT
+    latent: NonNegInt = 0  # channels the MLP hands the ViT (its tokenizer's variables); 0 = the state's channels
     patch_size: PosInt = 4  # pixels per ViT token side (the processor's too: one grid)
     embed_dim: PosInt = 128  # ViT token width
     depth: PosInt = 4  # ViT blocks
@@ -75,7 +76,7 @@ class TrainE2EConfig(JobConfig):
                                                                        keep_ratio=0.5))
     decoder: DecoderConfig = field(default_factory=DecoderConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
-    train: LoopConfig = field(default_factory=LoopConfig)
+    train: LoopConfig = field(default_factory=lambda: LoopConfig(epochs=10))
     scaling: ScalingCfg = field(default_factory=ScalingCfg)
     stages_dir: InPath = ""  # where the earlier stages are; "" = runs/train_e2e/<run_name>
     ray_address: str = ""  # Ray cluster (host:port); "" = RAY_ADDRESS (ray job submit) or a new local one

@@ -47,6 +47,7 @@ class E2EData:
     obs: ObsSpec
     station_stream: str
     station_variables: list[str]
+    station_altitude: bool = False  # the station stream has heights: the decoder's extra feature
 
     @property
     def spec(self) -> WindowSpec:
@@ -88,7 +89,11 @@ def prepare_e2e(cfg: ObsDataConfig, patch_size: int) -> E2EData:
         if v not in station.variables:
             raise ConfigError(f"data.station_variables names '{v}', not a variable of stream "
                               f"'{station.name}' ({', '.join(station.variables)})")
-    return E2EData(windows=windows, obs=obs, station_stream=station.name, station_variables=variables)
+    from wxray.data.obs.points import ALTITUDE, open_point_dataset
+
+    has_alt = ALTITUDE in open_point_dataset(station.data_path(obs.obs_dir)).schema.names
+    return E2EData(windows=windows, obs=obs, station_stream=station.name, station_variables=variables,
+                   station_altitude=has_alt)
 
 
 def station_info(obs: ObsSpec, name: str, key: str):

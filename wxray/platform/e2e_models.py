@@ -38,8 +38,8 @@ def stream_inputs(data: E2EData) -> list[StreamInput]:
 def build_encoder(cfg: TrainE2EConfig, data: E2EData) -> ObsEncoder:
     e, spec = cfg.encoder, data.spec
     return ObsEncoder(stream_inputs(data), model_latitude(spec), model_longitude(spec), n_static=data.n_static,
-                      n_out=len(spec.inputs), hidden=e.hidden, patch_size=e.patch_size, embed_dim=e.embed_dim,
-                      depth=e.depth, num_heads=e.num_heads, mlp_ratio=e.mlp_ratio,
+                      n_out=len(spec.inputs), hidden=e.hidden, latent=e.latent or None, patch_size=e.patch_size,
+                      embed_dim=e.embed_dim, depth=e.depth, num_heads=e.num_heads, mlp_ratio=e.mlp_ratio,
                       length_scale_deg=e.length_scale_deg or None, periodic_longitude=spec.periodic_longitude)
 
 
@@ -47,6 +47,7 @@ def build_decoder(cfg: TrainE2EConfig, data: E2EData) -> StationDecoder:
     spec = data.spec
     return StationDecoder(len(spec.inputs), len(data.station_variables), model_latitude(spec),
                           model_longitude(spec), hidden=cfg.decoder.hidden,
+                          n_features=int(data.station_altitude),
                           length_scale_deg=cfg.decoder.length_scale_deg or None,
                           periodic_longitude=spec.periodic_longitude)
 
@@ -101,6 +102,7 @@ def stage_identity(cfg: TrainE2EConfig, data: E2EData, stage: str | None = None)
     if stage == "decoder":
         ident["decoder"] = to_dict(cfg.decoder)
         ident["station_variables"] = list(data.station_variables)
+        ident["station_altitude"] = data.station_altitude
     return ident
 
 
@@ -149,11 +151,23 @@ def stage_loss(cfg: TrainE2EConfig, model: nn.Module, batch: dict[str, torch.Ten
     return ((pred.float() - values) ** 2 * mask).sum() / mask.sum().clamp_min(1.0)
 
 
+ALTITUDE_SCALE_M = 1000.0  # station heights enter the decoder in km
+
+
+def station_features(data: E2EData, altitude: torch.Tensor | None) -> torch.Tensor | None:
+    """The decoder's per-station features (b, N, F): the height in km when the stream has heights."""
+    if not data.station_altitude:
+        return None
+    if altitude is None:
+        raise ValueError(f"stream {data.station_stream}: the decoder takes station heights, the batch has none")
+    return (altitude / ALTITUDE_SCALE_M)[..., None]
+
+
 def decode_stations(model: nn.Module, batch: dict[str, torch.Tensor], data: E2EData,
                     state: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Decoder output at the window's station reports, with their normalised values and mask (b, N, V)."""
     s = data.station_stream
     chans = station_channels(data)
     state = batch["x"][:, :len(data.spec.inputs)] if state is None else state
-    pred = model(state, batch[f"obs.{s}.coords"])
+    pred = model(state, batch[f"obs.{s}.coords"], station_features(data, batch.get(f"obs.{s}.altitude")))
     return pred, batch[f"obs.{s}.values"][..., chans], batch[f"obs.{s}.mask"][..., chans]

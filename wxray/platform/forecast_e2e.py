@@ -37,7 +37,15 @@ from wxray.platform.checkpoint_forecast import load_forecaster
 from wxray.platform.e2e_config import TrainE2EConfig
 from wxray.platform.e2e_data import E2EData, E2EReader, prepare_e2e
 from wxray.platform.e2e_eval import physical
-from wxray.platform.e2e_models import build_decoder, build_encoder, next_state, obs_of, processor_input, stage_identity
+from wxray.platform.e2e_models import (
+    build_decoder,
+    build_encoder,
+    next_state,
+    obs_of,
+    processor_input,
+    stage_identity,
+    station_features,
+)
 from wxray.platform.forecast import resolve_device
 from wxray.platform.rollout import INIT, LEAD, rollout_anchors, to_forecast_dataset, write_forecast
 from wxray.platform.rollout_scores import log_report, rollout_report
@@ -145,8 +153,9 @@ def station_table(data: E2EData) -> pd.DataFrame:
     import pyarrow.dataset as pads
 
     s = next(s for s in data.obs.streams if s.name == data.station_stream)
+    columns = ["station", "latitude", "longitude"] + (["altitude"] if data.station_altitude else [])
     t = pads.dataset(s.data_path(data.obs.obs_dir), format="parquet", partitioning="hive").to_table(
-        columns=["station", "latitude", "longitude"]).to_pandas()
+        columns=columns).to_pandas()
     return t.drop_duplicates("station", keep="last").sort_values("station").reset_index(drop=True)
 
 
@@ -165,6 +174,8 @@ def run_forecast(data: E2EData, encoder, processor, decoder, anchors: np.ndarray
         mean = torch.tensor([s.mean[v] for v in data.station_variables])
         std = torch.tensor([s.std[v] for v in data.station_variables])
         coords = torch.tensor(stations[["latitude", "longitude"]].to_numpy(np.float32))
+        alt = (torch.tensor(np.nan_to_num(stations["altitude"].to_numpy(np.float32)))
+               if data.station_altitude else None)
         st = np.zeros((len(anchors), steps + 1, len(stations), len(data.station_variables)), np.float32)
     for m in (encoder, processor, decoder):
         if m is not None:
@@ -179,7 +190,8 @@ def run_forecast(data: E2EData, encoder, processor, decoder, anchors: np.ndarray
             out[rows, k] = physical(spec, z.cpu()).numpy()
             if st is not None:
                 pts = coords[None].expand(z.shape[0], -1, -1).to(device)
-                st[rows, k] = (decoder(z, pts).cpu() * std + mean).numpy()
+                feats = station_features(data, None if alt is None else alt[None].expand(z.shape[0], -1).to(device))
+                st[rows, k] = (decoder(z, pts, feats).cpu() * std + mean).numpy()
     return out, (None if st is None else (stations, st))
 
 

@@ -8,6 +8,8 @@ point stream (N_s = W * max_per_step slots, filled in (time, obs_id) order, zero
     obs.{s}.values  (b, N_s, C_s)  float32  (value - mean) / std, 0 where missing
     obs.{s}.mask    (b, N_s, C_s)  float32  1 where a value is present (and quality <= max_quality)
     obs.{s}.id      (b, N_s)       int64    obs_id, -1 for padding
+    obs.{s}.altitude (b, N_s)      float32  station height (m), 0 where unknown or padding; only for streams
+                                            with an `altitude` column (the station decoder's feature)
 gridded stream on its own grid (h_s, w_s):
     obs.{s}.values  (b, C_s, h_s, w_s) float32  per pixel and channel the latest non-NaN value in the window,
                                                 normalised, 0 where none
@@ -32,7 +34,17 @@ import numpy as np
 import pyarrow.dataset as pads
 
 from wxray.data.obs.gridded import GriddedSource, latest_valid
-from wxray.data.obs.points import LAT, LEVEL, LON, OBS_ID, STATION, TIME, open_point_dataset, read_windows
+from wxray.data.obs.points import (
+    ALTITUDE,
+    LAT,
+    LEVEL,
+    LON,
+    OBS_ID,
+    STATION,
+    TIME,
+    open_point_dataset,
+    read_windows,
+)
 from wxray.data.obs.registry import POINT, ObsSpec, StreamInfo
 from wxray.errors import DataError
 
@@ -73,10 +85,13 @@ class ObsWindowReader:
         values = np.zeros((b, n, c), np.float32)
         mask = np.zeros((b, n, c), np.float32)
         ids = np.full((b, n), -1, np.int64)
-        columns = [OBS_ID, TIME, LAT, LON] + ([STATION, LEVEL] if s.levels else []) + list(s.variables)
+        has_alt = ALTITUDE in self._dataset(s).schema.names
+        alt = np.zeros((b, n), np.float32)
+        columns = ([OBS_ID, TIME, LAT, LON] + ([STATION, LEVEL] if s.levels else []) + list(s.variables)
+                   + ([ALTITUDE] if has_alt else []))
         table = read_windows(self._dataset(s), lo, hi, columns, self.spec.max_quality) if b else None
         if table is not None and table.num_rows:
-            r_id, r_time, r_coords, r_vals = self._reports(s, table)
+            r_id, r_time, r_coords, r_vals, r_alt = self._reports(s, table)
             mean, std = s.channel_stats()
             present = ~np.isnan(r_vals)
             r_norm = np.where(present, (r_vals - mean) / std, 0.0).astype(np.float32)
@@ -92,23 +107,29 @@ class ObsWindowReader:
                 values[i, :k] = r_norm[a:z]
                 mask[i, :k] = present[a:z]
                 ids[i, :k] = r_id[a:z]
+                alt[i, :k] = r_alt[a:z]
         p = f"obs.{s.name}"
-        return {f"{p}.coords": coords, f"{p}.values": values, f"{p}.mask": mask, f"{p}.id": ids}
+        out = {f"{p}.coords": coords, f"{p}.values": values, f"{p}.mask": mask, f"{p}.id": ids}
+        return {**out, f"{p}.altitude": alt} if has_alt else out
 
     @staticmethod
-    def _reports(s: StreamInfo, table) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """Per report, sorted by (time, obs_id): ids, times, (lat, lon), channel values (NaN = missing)."""
+    def _reports(s: StreamInfo, table) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Per report, sorted by (time, obs_id): ids, times, (lat, lon), channel values (NaN = missing),
+        altitude (0 where unknown or without the column)."""
         obs_id = table[OBS_ID].to_numpy()
         t = table[TIME].to_numpy().astype("datetime64[ns]")
         lat = table[LAT].to_numpy().astype(np.float32)
         lon = table[LON].to_numpy().astype(np.float32)
         vals = np.stack([table[v].to_numpy(zero_copy_only=False).astype(np.float32) for v in s.variables], 1)
+        alt = (np.nan_to_num(table[ALTITUDE].to_numpy(zero_copy_only=False).astype(np.float32))
+               if ALTITUDE in table.column_names else np.zeros(len(t), np.float32))
         if s.levels:
             # one report per (station, time): its rows' levels become channels {var}_{level}, variable-major
             station = table[STATION].to_numpy(zero_copy_only=False).astype(str)
             level = table[LEVEL].to_numpy()
             keep = np.isin(level, s.levels)
-            obs_id, t, lat, lon, vals, station, level = (x[keep] for x in (obs_id, t, lat, lon, vals, station, level))
+            obs_id, t, lat, lon, vals, station, level, alt = (x[keep] for x in (obs_id, t, lat, lon, vals, station,
+                                                                                level, alt))
             _, st_code = np.unique(station, return_inverse=True)
             key = np.stack([t.view(np.int64), st_code.astype(np.int64)], 1)
             uniq, first, inv = np.unique(key, axis=0, return_index=True, return_inverse=True)
@@ -120,10 +141,10 @@ class ObsWindowReader:
             rep_vals[inv, :, li] = vals
             rep_id = np.full(n_rep, np.iinfo(np.int64).max, np.int64)
             np.minimum.at(rep_id, inv, obs_id)
-            obs_id, t, lat, lon = rep_id, t[first], lat[first], lon[first]
+            obs_id, t, lat, lon, alt = rep_id, t[first], lat[first], lon[first], alt[first]
             vals = rep_vals.reshape(n_rep, -1)
         order = np.lexsort((obs_id, t))
-        return obs_id[order], t[order], np.stack([lat, lon], 1)[order], vals[order]
+        return obs_id[order], t[order], np.stack([lat, lon], 1)[order], vals[order], alt[order]
 
     def _gridded(self, s: StreamInfo, lo: np.ndarray, hi: np.ndarray) -> dict[str, np.ndarray]:
         if s.name not in self._grids:

@@ -1,0 +1,155 @@
+"""The end-to-end system on Ray: observation windows sharded exactly once, the four stages, forecast and scoring."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pyarrow.dataset as pads
+import pytest
+import xarray as xr
+
+from wxray.data.schema import open_store
+from wxray.errors import CheckpointError, ConfigError
+from wxray.job import run_job
+from wxray.platform.datasets import exactly_once_data_config
+from wxray.platform.e2e import initial_weights, train_e2e
+from wxray.platform.e2e_config import ObsDataConfig, TrainE2EConfig
+from wxray.platform.e2e_data import E2EReader, build_e2e_datasets, prepare_e2e, time_features
+from wxray.platform.forecast_e2e import ForecastE2EConfig, forecast_e2e
+from wxray.verify.evaluate import EvaluateConfig, evaluate
+
+TINY = ["encoder.hidden=8", "encoder.embed_dim=16", "encoder.depth=1", "encoder.num_heads=2",
+        "processor.embed_dim=16", "processor.depth=3", "processor.split=[1,1,1]", "processor.num_heads=2",
+        "processor.skip_channels=8", "decoder.hidden=8", "train.epochs=1", "train.max_steps_per_epoch=2",
+        "train.rollout_steps=1", "data.batch_size=4", "data.read_batch_size=4"]
+
+
+def _data_cfg(small_store, small_obs, **kw) -> ObsDataConfig:
+    return ObsDataConfig(store=str(small_store), obs_dir=str(small_obs.obs_dir), history=1, lead_steps=1, **kw)
+
+
+def _ids_loop(config):
+    import ray.train
+
+    rank = ray.train.get_context().get_world_rank()
+    shard = ray.train.get_dataset_shard("train")
+    for epoch in range(2):
+        seen = []
+        for batch in shard.iter_torch_batches(batch_size=3):
+            ids = batch["obs.stations.id"].numpy().ravel()
+            seen.extend(int(i) for i in ids[ids >= 0])
+        with open(f"{config['out']}/rank{rank}_epoch{epoch}.json", "w") as f:
+            json.dump(seen, f)
+
+
+@pytest.mark.slow
+def test_two_workers_read_every_observation_once_per_epoch(ray_session, small_store, small_obs, tmp_path):
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    cfg = _data_cfg(small_store, small_obs, split_fractions=(1.0, 0.0, 0.0), read_batch_size=2)
+    data = prepare_e2e(cfg, patch_size=2)
+    datasets = build_e2e_datasets(cfg, data)
+    # every good station report at an analysis time of a training window (stations report at the store steps)
+    times = open_store(small_store).time.values[data.windows.anchors["train"]]
+    table = pads.dataset(small_obs.obs_dir / "points" / "stream=stations", partitioning="hive").to_table().to_pandas()
+    expected = sorted(table.obs_id[(table.quality == 0) & table.time.isin(times)].tolist())
+    assert len(expected) > 100
+    out = tmp_path / "seen"
+    out.mkdir()
+    TorchTrainer(_ids_loop, train_loop_config={"out": str(out)},
+                 scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 0.5}),
+                 run_config=RunConfig(storage_path=str(tmp_path / "ray"), name="obs"),
+                 datasets={"train": datasets["train"]}, dataset_config=exactly_once_data_config()).fit()
+    for epoch in range(2):
+        per_rank = [json.loads((out / f"rank{r}_epoch{epoch}.json").read_text()) for r in range(2)]
+        assert all(per_rank), "both workers get windows"
+        together = per_rank[0] + per_rank[1]
+        assert len(together) == len(set(together)), "an observation was read twice in one epoch"
+        assert sorted(together) == expected, "an observation was skipped"
+
+
+def test_reader_rows_join_the_state_static_fields_and_observations(small_store, small_obs):
+    data = prepare_e2e(_data_cfg(small_store, small_obs), patch_size=2)
+    anchors = data.windows.anchors["train"][:3]
+    row = E2EReader(data.spec, data.obs)({"anchor": anchors})
+    v, grid = len(data.spec.inputs), data.spec.grid
+    assert row["x"].shape == (3, v, *grid) and row["y"].shape == (3, v, *grid)
+    assert row["static"].shape == (3, data.n_static, *grid)
+    times = open_store(small_store).time.values[anchors]
+    np.testing.assert_allclose(row["static"][:, -4, 0, 0], time_features(times)[:, 0], rtol=1e-6)
+    assert {f"obs.{s.name}.mask" for s in data.obs.streams} <= set(row)
+
+
+def test_history_other_than_one_is_refused():
+    with pytest.raises(ConfigError, match="history 1"):
+        ObsDataConfig(history=2).validate()
+
+
+def test_chain_without_its_earlier_stages_names_what_to_run(small_store, small_obs, tmp_path):
+    cfg = TrainE2EConfig(stage="chain", data=_data_cfg(small_store, small_obs), stages_dir=str(tmp_path / "none"))
+    data = prepare_e2e(cfg.data, cfg.encoder.patch_size)
+    with pytest.raises(CheckpointError, match="needs the encoder stage first.*stage=encoder"):
+        initial_weights(cfg, data)
+
+
+def _stage(stage, small_store, small_obs, stages, tracking_uri, capsys):
+    argv = [f"stage={stage}", f"data.store={small_store}", f"data.obs_dir={small_obs.obs_dir}",
+            f"stages_dir={stages}", f"tracking.uri={tracking_uri}", "encoder.patch_size=2",
+            "processor.patch_size=2", *TINY]
+    rc = run_job("train_e2e", TrainE2EConfig, train_e2e, argv)
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    return json.loads(out.strip().splitlines()[-1].removeprefix("RESULT "))
+
+
+@pytest.mark.slow
+def test_stages_forecast_and_station_scores(ray_session, small_store, small_obs, tmp_path, tracking_uri, capsys):
+    stages = tmp_path / "chain"
+    enc = _stage("encoder", small_store, small_obs, stages, tracking_uri, capsys)
+    report = enc["encoder"]
+    names = [s.name for s in prepare_e2e(_data_cfg(small_store, small_obs), 2).obs.streams]
+    assert set(report["denied_rmse"]) == set(names) and report["densest_stream"] in names
+    assert (stages / "encoder" / "plots" / "analysis_vs_truth.png").is_file()
+    _stage("processor", small_store, small_obs, stages, tracking_uri, capsys)
+    dec = _stage("decoder", small_store, small_obs, stages, tracking_uri, capsys)["decoder"]
+    assert set(dec["decoder_rmse"]) == {"geopotential", "u_component_of_wind", "v_component_of_wind"}
+    chain = _stage("chain", small_store, small_obs, stages, tracking_uri, capsys)["chain"]
+    assert set(chain["forecast_to_persistence"]) == {"geopotential", "u_component_of_wind", "v_component_of_wind",
+                                                      "vorticity"}
+
+    out = tmp_path / "fc"
+    rc = run_job("forecast_e2e", ForecastE2EConfig, forecast_e2e,
+                 [f"stages={stages}", "steps=2", "inits=2000-01-02T00/2000-01-02T06", f"out_dir={out}",
+                  f"tracking.uri={tracking_uri}"])
+    res = json.loads(capsys.readouterr().out.strip().splitlines()[-1].removeprefix("RESULT "))
+    assert rc == 0 and res["checkpoints"].keys() == {"chain", "decoder"}
+    fc = xr.open_zarr(out / "forecast.zarr")
+    assert list(fc.lead_time.values / np.timedelta64(1, "h")) == [0, 6, 12] and fc.sizes["init_time"] == 2
+    st = pd.read_parquet(out / "stations.parquet")
+    assert list(st.columns) == ["init_time", "lead_time", "station", "latitude", "longitude", "variable", "value"]
+    assert sorted(st.lead_time.unique()) == [0, 6, 12] and st.value.notna().all()
+
+    # the same inits with the densest stream denied: another analysis, same everything else
+    rc = run_job("forecast_e2e", ForecastE2EConfig, forecast_e2e,
+                 [f"stages={stages}", "steps=1", "inits=2000-01-02T00/2000-01-02T06", f"out_dir={tmp_path / 'd'}",
+                  "deny=[stations]", "tracking.enabled=false"])
+    capsys.readouterr()
+    denied = xr.open_zarr(tmp_path / "d" / "forecast.zarr")
+    assert rc == 0 and not np.allclose(denied.geopotential.isel(lead_time=0), fc.geopotential.isel(lead_time=0))
+
+    rc = run_job("evaluate", EvaluateConfig, evaluate,
+                 [f"forecast={out / 'forecast.zarr'}", f"stations={out / 'stations.parquet'}",
+                  f"station_obs={small_obs.obs_dir}", "station_baseline=bilinear", f"out_dir={tmp_path / 'ev'}",
+                  "tracking.enabled=false", "plots=false"])
+    res = json.loads(capsys.readouterr().out.strip().splitlines()[-1].removeprefix("RESULT "))
+    assert rc == 0 and res["stations"]["n_pairs"] > 0
+    assert "rel_diff" in res["stations"]["variables"]["geopotential"]
+
+
+def test_forecast_denying_an_unknown_stream_is_one_line(tmp_path, capsys):
+    rc = run_job("forecast_e2e", ForecastE2EConfig, forecast_e2e,
+                 [f"stages={tmp_path / 'nothing'}", "deny=[radar]", "tracking.enabled=false"])
+    assert rc == 2 and "no chain stage" in capsys.readouterr().err
