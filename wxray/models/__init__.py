@@ -3,6 +3,10 @@
 model = build_model("reslim", n_vars=5, history=2, n_const=1, n_out=5, img_size=(32, 64),
                     patch_size=2, embed_dim=256, depth=12, num_heads=4, keep_ratio=0.25)
 y = model(x, generator=torch.Generator().manual_seed(0))
+
+Generative (GENERATIVE_MODEL_NAMES): build_model("edm", <same kwargs>, sigma_data=1.0) -> ResSlimEDM, a denoiser
+called as model(y_noisy, sigma, cond, generator=g, routing=None); train with edm_loss, sample with
+sample_heun / sample_stochastic (wxray.models.edm, wxray.models.edm_sampler).
 """
 
 from __future__ import annotations
@@ -11,10 +15,23 @@ from typing import Any
 
 from torch import nn
 
-from wxray.models.blocks import MLP, Attention, Block, Dropout, DropPath, enable_mc_dropout
+from wxray.models.blocks import MLP, Attention, Block, Dropout, DropPath, RowGenerators, enable_mc_dropout
 from wxray.models.e2e import ObsEncoder, StationDecoder, StreamInput
+from wxray.models.edm import (
+    ConditionTokenizer,
+    HeldRandomSelector,
+    HeldRouting,
+    ResSlimEDM,
+    edm_loss,
+    loss_weight,
+    precond,
+)
+from wxray.models.edm_blocks import CrossAttention, EDMBlock, NoiseEmbedding
+from wxray.models.edm_sampler import karras_sigmas, sample_heun, sample_stochastic
+from wxray.models.film import FiLMConditioning, FiLMLayerNorm, condition_layernorms
 from wxray.models.losses import (
     fair_crps,
+    fair_crps_loss,
     lat_weighted_mse,
     lat_weighted_mse_per_var,
     latitude_weights,
@@ -44,8 +61,17 @@ from wxray.models.selectors import (
 )
 from wxray.models.setconv import SetConv, grid_spacing_deg
 from wxray.models.sprint import SprintRouter, SprintViT
+from wxray.models.stochastic import (
+    NOISE_MODES,
+    StochasticEncoder,
+    mc_dropout,
+    set_dropout,
+    split_members,
+    tile_members,
+)
 
-MODEL_NAMES = ("reslim", "droppath", "sprint", "climax")
+MODEL_NAMES = ("reslim", "droppath", "sprint", "climax")  # forecasters: model(x, generator=g) -> y
+GENERATIVE_MODEL_NAMES = ("edm",)  # denoisers: model(y_noisy, sigma, cond, generator=g, routing=None) -> D
 
 
 def build_model(name: str, **kwargs: Any) -> nn.Module:
@@ -56,6 +82,8 @@ def build_model(name: str, **kwargs: Any) -> nn.Module:
               baseline value) and keep_ratio 1
     sprint:   Sprint-style sparse stage (mask token + linear fusion) on the same backbone
     climax:   pure ViT, same tokenizer and blocks, no CNN skip (appendix B.1); may still be routed
+    edm:      ResSlimEDM, the generative denoiser (GENERATIVE_MODEL_NAMES): the same kwargs plus sigma_data;
+              its forward is (y_noisy, sigma, cond, generator, routing), not (x, generator)
     """
     if name == "reslim":
         return ResSlimViT(**kwargs)
@@ -73,46 +101,73 @@ def build_model(name: str, **kwargs: Any) -> nn.Module:
         if kwargs.get("cnn_skip", False):
             raise ValueError("climax has no CNN skip path; drop cnn_skip=True or use 'reslim'")
         return ResSlimViT(**{**kwargs, "cnn_skip": False})
-    raise ValueError(f"unknown model {name!r}; expected one of {', '.join(MODEL_NAMES)}")
+    if name == "edm":
+        return ResSlimEDM(**kwargs)
+    raise ValueError(f"unknown model {name!r}; expected one of {', '.join(MODEL_NAMES + GENERATIVE_MODEL_NAMES)}")
 
 
 __all__ = [
+    "GENERATIVE_MODEL_NAMES",
     "MLP",
     "MODEL_NAMES",
+    "NOISE_MODES",
     "SELECTIONS",
     "ActivationNormSelector",
     "Attention",
     "AttentionSelector",
     "Block",
     "CNNSkip",
+    "ConditionTokenizer",
+    "CrossAttention",
     "DropPath",
     "Dropout",
+    "EDMBlock",
+    "FiLMConditioning",
+    "FiLMLayerNorm",
     "GradientSelector",
+    "HeldRandomSelector",
+    "HeldRouting",
     "LaplacianSelector",
     "LearnedSelector",
+    "NoiseEmbedding",
     "ObsEncoder",
     "RandomSelector",
+    "ResSlimEDM",
     "ResSlimViT",
     "RoutingContext",
+    "RowGenerators",
     "SetConv",
     "SparseRouter",
     "SprintRouter",
     "SprintViT",
     "StationDecoder",
+    "StochasticEncoder",
     "StreamInput",
     "TokenSelector",
     "Tokenizer",
     "VariableAggregation",
     "build_model",
+    "condition_layernorms",
     "default_split",
+    "edm_loss",
     "enable_mc_dropout",
     "fair_crps",
+    "fair_crps_loss",
     "grid_spacing_deg",
+    "karras_sigmas",
     "lat_weighted_mse",
     "lat_weighted_mse_per_var",
     "latitude_weights",
+    "loss_weight",
     "make_selector",
+    "mc_dropout",
     "per_patch_error",
+    "precond",
+    "sample_heun",
+    "sample_stochastic",
     "selector_loss",
+    "set_dropout",
     "sincos_pos_embed_2d",
+    "split_members",
+    "tile_members",
 ]

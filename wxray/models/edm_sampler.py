@@ -1,0 +1,98 @@
+"""EDM samplers (Karras et al. 2022): deterministic Heun (Algorithm 1) and the stochastic sampler (Algorithm 2).
+
+Noise levels, i = 0 .. N-1, and t_N = 0:
+
+    t_i = (sigma_max^(1/rho) + i / (N - 1) (sigma_min^(1/rho) - sigma_max^(1/rho)))^rho
+
+Step i (Algorithm 2; Algorithm 1 is the case gamma_i = 0):
+
+    gamma_i = min(S_churn / N, sqrt(2) - 1) if S_min <= t_i <= S_max else 0
+    t_hat = (1 + gamma_i) t_i;  x_hat = x_i + sqrt(t_hat^2 - t_i^2) S_noise eps,  eps ~ N(0, I)
+    d = (x_hat - D(x_hat; t_hat)) / t_hat;  x_{i+1} = x_hat + (t_{i+1} - t_hat) d
+    if t_{i+1} != 0:  d' = (x_{i+1} - D(x_{i+1}; t_{i+1})) / t_{i+1};  x_{i+1} = x_hat + (t_{i+1} - t_hat)(d + d') / 2
+
+x_0 = t_0 eps_0. Every draw comes from the explicit `generator` (eps_0, then eps of each churned step in
+order; no draw when gamma_i = 0), so a fixed generator state gives a bit-identical sample. The token
+routing is drawn once per sample before the first step (model.draw_routing, after eps_0) and held for
+all 2N - 1 denoiser calls of that sample's trajectory, unless the caller passes its own `routing`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from wxray.models.edm import ResSlimEDM, normal
+
+
+def karras_sigmas(steps: int, sigma_min: float = 0.002, sigma_max: float = 80.0, rho: float = 7.0) -> Tensor:
+    """(steps + 1,) float64 noise levels t_0 = sigma_max > ... > t_{N-1} = sigma_min, t_N = 0."""
+    if steps < 1 or not 0 < sigma_min <= sigma_max or rho <= 0:
+        raise ValueError(f"need steps >= 1, 0 < sigma_min <= sigma_max, rho > 0; got {steps}, {sigma_min}, "
+                         f"{sigma_max}, {rho}")
+    i = torch.arange(steps, dtype=torch.float64)
+    lo, hi = sigma_min ** (1 / rho), sigma_max ** (1 / rho)
+    t = (hi + i / max(steps - 1, 1) * (lo - hi)) ** rho
+    return torch.cat([t, t.new_zeros(1)])
+
+
+@torch.no_grad()
+def sample_stochastic(
+    model: ResSlimEDM,
+    cond: Tensor,
+    generator: torch.Generator | None,
+    steps: int = 18,
+    sigma_min: float = 0.002,
+    sigma_max: float = 80.0,
+    rho: float = 7.0,
+    s_churn: float = 0.0,
+    s_min: float = 0.0,
+    s_max: float = math.inf,
+    s_noise: float = 1.0,
+    routing: Tensor | None = None,
+) -> Tensor:
+    """EDM Algorithm 2: one sample (B, n_out, h, w) per row of cond (B, C, h, w); see the module doc.
+
+    Call with the model in eval mode (the sampler does not change it). `routing`: a (B, K) selection to
+    hold instead of drawing one (e.g. shared by two samplers being compared); None for a dense model.
+    Members of an ensemble are rows of the batch (repeat cond): each row gets its own noise and routing.
+    """
+    B = cond.shape[0]
+    device = cond.device
+    t = karras_sigmas(steps, sigma_min, sigma_max, rho).tolist()
+    x = t[0] * normal((B, model.n_out, *model.img_size), generator, device)
+    if routing is None:
+        routing = model.draw_routing(B, generator, device)
+
+    def denoise(x_: Tensor, sigma: float) -> Tensor:
+        return model(x_, sigma, cond, generator=generator, routing=routing)
+
+    gamma_max = min(s_churn / steps, math.sqrt(2) - 1)
+    for t_cur, t_next in zip(t[:-1], t[1:]):
+        gamma = gamma_max if s_min <= t_cur <= s_max else 0.0
+        t_hat = t_cur * (1 + gamma)
+        x_hat = x
+        if gamma > 0:
+            x_hat = x + math.sqrt(t_hat**2 - t_cur**2) * s_noise * normal(tuple(x.shape), generator, device)
+        d = (x_hat - denoise(x_hat, t_hat)) / t_hat
+        x = x_hat + (t_next - t_hat) * d
+        if t_next != 0:
+            d_next = (x - denoise(x, t_next)) / t_next
+            x = x_hat + (t_next - t_hat) * (0.5 * d + 0.5 * d_next)
+    return x
+
+
+def sample_heun(
+    model: ResSlimEDM,
+    cond: Tensor,
+    generator: torch.Generator | None,
+    steps: int = 18,
+    sigma_min: float = 0.002,
+    sigma_max: float = 80.0,
+    rho: float = 7.0,
+    routing: Tensor | None = None,
+) -> Tensor:
+    """EDM Algorithm 1 (deterministic Heun, 2N - 1 denoiser calls): the generator draws x_0 and the routing only."""
+    return sample_stochastic(model, cond, generator, steps, sigma_min, sigma_max, rho, routing=routing)
