@@ -4,11 +4,15 @@ Every random draw (dropout masks, drop-path masks) comes from an explicit `torch
 forward, so a forward pass can be replayed bit-identically: MC-dropout ensembles and common random
 numbers across ensemble members depend on that. Masks are drawn with `torch.rand(generator=...)`
 rather than `F.dropout`, whose draws cannot be tied to a generator.
+
+Wherever a generator is taken, a `RowGenerators` (one generator per batch row) may stand in for it: row r of
+every draw then comes from generator r alone, so one member of a batched ensemble can be replayed on its own.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterable, Iterator
 
 import torch
 import torch.nn as nn
@@ -16,9 +20,81 @@ import torch.nn.functional as F
 from torch import Tensor
 
 
+class RowGenerators:
+    """One `torch.Generator` per batch row, usable wherever a model takes `generator=`.
+
+        draw[r] = draw of shape[1:] from generators[r]      (r = 0 .. B - 1; B = len(self) must be shape[0])
+
+    Every generator advances by its own row's draws only, so row r of a batched forward is the forward
+    of that row alone started from generator r's state: members of an ensemble can be seeded from their
+    coordinates and reproduced one at a time. `get_state` / `set_state` / `device` mirror torch.Generator's,
+    which is what activation checkpointing needs to replay a block.
+    """
+
+    def __init__(self, generators: Iterable[torch.Generator]):
+        self.generators = tuple(generators)
+        if not self.generators or not all(isinstance(g, torch.Generator) for g in self.generators):
+            raise ValueError("RowGenerators needs a non-empty sequence of torch.Generator")
+        if len({str(g.device) for g in self.generators}) > 1:
+            raise ValueError("RowGenerators' generators must all live on one device")
+
+    @classmethod
+    def from_seeds(cls, seeds: Iterable[int], device: str | torch.device = "cpu") -> RowGenerators:
+        """One generator per seed, row r seeded with seeds[r]."""
+        return cls(torch.Generator(device=device).manual_seed(int(s)) for s in seeds)
+
+    def __len__(self) -> int:
+        return len(self.generators)
+
+    def __iter__(self) -> Iterator[torch.Generator]:
+        return iter(self.generators)
+
+    def __getitem__(self, i: int | slice) -> torch.Generator | RowGenerators:
+        return RowGenerators(self.generators[i]) if isinstance(i, slice) else self.generators[i]
+
+    @property
+    def device(self) -> torch.device:
+        return self.generators[0].device
+
+    def get_state(self) -> tuple[Tensor, ...]:
+        return tuple(g.get_state() for g in self.generators)
+
+    def set_state(self, states: tuple[Tensor, ...]) -> RowGenerators:
+        if len(states) != len(self.generators):
+            raise ValueError(f"{len(states)} states for {len(self.generators)} row generators")
+        for g, s in zip(self.generators, states, strict=True):
+            g.set_state(s)
+        return self
+
+
+def copy_generator(generator: torch.Generator | RowGenerators) -> torch.Generator | RowGenerators:
+    """A new generator (or RowGenerators) at the same state: draws from it replay the original's next draws."""
+    if isinstance(generator, RowGenerators):
+        return RowGenerators(copy_generator(g) for g in generator)
+    fresh = torch.Generator(device=generator.device)
+    fresh.set_state(generator.get_state())
+    return fresh
+
+
+def _draw(
+    fn: Callable[..., Tensor],
+    shape: tuple[int, ...],
+    generator: torch.Generator | RowGenerators | None,
+    device: torch.device,
+    dtype: torch.dtype,
+) -> Tensor:
+    if isinstance(generator, RowGenerators):
+        if not shape or shape[0] != len(generator):
+            raise ValueError(f"{len(generator)} row generators cannot draw shape {tuple(shape)}: rows must match")
+        rows = [fn(tuple(shape[1:]), generator=g, device=g.device, dtype=dtype) for g in generator]
+        return torch.stack(rows).to(device)
+    draw_device = generator.device if generator is not None else device
+    return fn(tuple(shape), generator=generator, device=draw_device, dtype=dtype).to(device)
+
+
 def uniform(
     shape: tuple[int, ...],
-    generator: torch.Generator | None,
+    generator: torch.Generator | RowGenerators | None,
     device: torch.device,
     dtype: torch.dtype = torch.float32,
 ) -> Tensor:
@@ -27,8 +103,17 @@ def uniform(
     Drawn on the generator's own device, so a CPU generator can drive a GPU model and the draws (hence
     the forward pass) do not depend on the accelerator the model happens to run on.
     """
-    draw_device = generator.device if generator is not None else device
-    return torch.rand(shape, generator=generator, device=draw_device, dtype=dtype).to(device)
+    return _draw(torch.rand, shape, generator, device, dtype)
+
+
+def normal(
+    shape: tuple[int, ...],
+    generator: torch.Generator | RowGenerators | None,
+    device: torch.device,
+    dtype: torch.dtype = torch.float32,
+) -> Tensor:
+    """Standard normal draws of `shape` from `generator`, returned on `device` (drawn as `uniform` is)."""
+    return _draw(torch.randn, shape, generator, device, dtype)
 
 
 class Dropout(nn.Module):

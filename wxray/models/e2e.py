@@ -182,6 +182,17 @@ class ObsEncoder(nn.Module):
                 raise ValueError(f"obs.{s.name}.values has batch size {parts[-1].shape[0]}, expected {batch}")
         return torch.cat(parts, dim=1)
 
+    def features(self, obs: Mapping[str, Tensor], static: Tensor | None = None, deny: Sequence[str] = ()) -> Tensor:
+        """The backbone's input PixelMLP(x), (b, latent, h, w): everything before the ViT (no random draws)."""
+        e = self.embed(obs, deny)
+        b, (h, w) = e.shape[0], self.img_size
+        if static is None and self.n_static == 0:
+            static = e.new_zeros(b, 0, h, w)
+        if static is None or tuple(static.shape) != (b, self.n_static, h, w):
+            got = None if static is None else tuple(static.shape)
+            raise ValueError(f"static must be (b, n_static, h, w) = {(b, self.n_static, h, w)}, got {got}")
+        return self.pixel_mlp(torch.cat([e, static.to(e.dtype)], dim=1))
+
     def forward(
         self,
         obs: Mapping[str, Tensor],
@@ -190,15 +201,7 @@ class ObsEncoder(nn.Module):
         generator: torch.Generator | None = None,
     ) -> Tensor:
         """obs + static (b, n_static, h, w) -> analysis (b, n_out, h, w); `generator` drives dropout."""
-        e = self.embed(obs, deny)
-        b, (h, w) = e.shape[0], self.img_size
-        if static is None and self.n_static == 0:
-            static = e.new_zeros(b, 0, h, w)
-        if static is None or tuple(static.shape) != (b, self.n_static, h, w):
-            got = None if static is None else tuple(static.shape)
-            raise ValueError(f"static must be (b, n_static, h, w) = {(b, self.n_static, h, w)}, got {got}")
-        x = self.pixel_mlp(torch.cat([e, static.to(e.dtype)], dim=1))
-        return self.backbone(x, generator=generator)
+        return self.backbone(self.features(obs, static, deny), generator=generator)
 
 
 class _GridConv(nn.Module):

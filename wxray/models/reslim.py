@@ -5,6 +5,7 @@ tokens = VarAgg(PatchEmbed(x) + e_var) + p_pos + p_res          (B, L, D), L = (
 p_pos: an L x D table, learned from a 2-D sin-cos start (default) or the fixed sin-cos buffer
 tokens = SparseRouter(blocks)(tokens)                           dense-early / sparse / dense-late
 y = Unpatchify(MLP_head(LN(tokens))) + CNN_skip(x)              (B, V_out, h, w)
+forward(..., tokens_add=t) adds t (B, L, D) to the tokens before the router (the stochastic encoder's hook).
 """
 
 from __future__ import annotations
@@ -229,13 +230,19 @@ class ResSlimViT(nn.Module):
         x: Tensor,
         generator: torch.Generator | None = None,
         routing_generator: torch.Generator | None = None,
+        tokens_add: Tensor | None = None,
     ) -> Tensor:
+        """x -> y; `tokens_add` (B, L, D), if given, is added to the token embeddings before the first block."""
         if x.ndim != 4 or x.shape[1] != self.in_channels or tuple(x.shape[2:]) != self.img_size:
             raise ValueError(
                 f"expected input (B, {self.in_channels}, {self.img_size[0]}, {self.img_size[1]}), "
                 f"got {tuple(x.shape)}"
             )
         tokens = self.embed(x, generator)
+        if tokens_add is not None:
+            if tokens_add.shape != tokens.shape:
+                raise ValueError(f"tokens_add must be (B, L, D) = {tuple(tokens.shape)}, got {tuple(tokens_add.shape)}")
+            tokens = tokens + tokens_add
         context = RoutingContext(fields=x, grid=self.grid, n_dynamic=self.in_channels - self.n_const,
                                  periodic=self.periodic_longitude)
         tokens = self.router(

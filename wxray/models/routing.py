@@ -26,6 +26,7 @@ import torch.nn as nn
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
+from wxray.models.blocks import copy_generator
 from wxray.models.selectors import RoutingContext, TokenSelector, gather_tokens, make_selector
 
 
@@ -43,8 +44,8 @@ def _checkpointed(block: nn.Module, x: Tensor, generator: torch.Generator | None
     end: list[Tensor] = []
 
     def run(x_: Tensor, **kw: object) -> Tensor:
-        private = torch.Generator(device=generator.device)
-        private.set_state(start)
+        private = copy_generator(generator)  # a torch.Generator or RowGenerators ...
+        private.set_state(start)  # ... at `start`, for the forward and the recompute alike
         out = block(x_, generator=private, **kw)
         end.append(private.get_state())
         return out
