@@ -1,4 +1,4 @@
-"""Training losses: latitude-weighted MSE (Eq. 3), the fair ensemble CRPS, the learned selector's BCE."""
+"""Training losses: latitude-weighted MSE (Eq. 3), the fair ensemble CRPS (and its loss), the learned selector's BCE."""
 
 from __future__ import annotations
 
@@ -28,11 +28,23 @@ def _check(pred: Tensor, target: Tensor, lat_weights: Tensor) -> Tensor:
     return lat_weights.to(pred.dtype)[:, None]  # (h, 1): constant along longitude
 
 
+def _lat_mean_per_var(score: Tensor, w: Tensor) -> Tensor:
+    """(V,): latitude-weighted grid mean of a (B, V, h, w) score, w (h, 1), averaged over the batch."""
+    return (score * w).sum(dim=(-2, -1)).mean(dim=0) / (w.sum() * score.shape[-1])
+
+
+def _var_weighted_mean(per_var: Tensor, var_weights: Tensor | None) -> Tensor:
+    if var_weights is not None:
+        if var_weights.shape != per_var.shape:
+            raise ValueError(f"var_weights must be ({per_var.shape[0]},), got {tuple(var_weights.shape)}")
+        per_var = per_var * var_weights.to(per_var.dtype)
+    return per_var.mean()
+
+
 def lat_weighted_mse_per_var(pred: Tensor, target: Tensor, lat_weights: Tensor) -> Tensor:
     """(V,): sum_i cos(phi_i) (pred - target)^2 / sum_i cos(phi_i), averaged over the batch. For logging."""
     w = _check(pred, target, lat_weights)
-    err = (pred - target).square() * w
-    return err.sum(dim=(-2, -1)).mean(dim=0) / (w.sum() * pred.shape[-1])
+    return _lat_mean_per_var((pred - target).square(), w)
 
 
 def lat_weighted_mse(
@@ -42,27 +54,30 @@ def lat_weighted_mse(
 
     Normalising by the weight sum (not assuming mean-1 weights) keeps Eq. 3 exact for any positive weights.
     """
-    per_var = lat_weighted_mse_per_var(pred, target, lat_weights)
-    if var_weights is not None:
-        if var_weights.shape != per_var.shape:
-            raise ValueError(f"var_weights must be ({per_var.shape[0]},), got {tuple(var_weights.shape)}")
-        per_var = per_var * var_weights.to(per_var.dtype)
-    return per_var.mean()
+    return _var_weighted_mean(lat_weighted_mse_per_var(pred, target, lat_weights), var_weights)
 
 
-def fair_crps(ens: Tensor, obs: Tensor, member_dim: int) -> Tensor:
-    """Fair (unbiased) ensemble CRPS per point; differentiable in `ens`.
+def fair_crps(ens: Tensor, obs: Tensor, member_dim: int, alpha: float = 1.0) -> Tensor:
+    """Fair (unbiased) ensemble CRPS per point; differentiable in `ens`. `alpha` < 1: "almost fair".
 
         CRPS_fair = mean_i |x_i - y| - sum_ij |x_i - x_j| / (2 M (M - 1))
 
     `obs` has the shape of `ens` without `member_dim`. The pair sum uses the sorted-members identity
     sum_ij |x_i - x_j| = 2 sum_k (2k - M - 1) x_(k) (k = 1..M ascending): O(M log M) time and no
     (M, M, ...) tensor, so members can be a batch dimension of a full grid.
+
+    alpha blends the fair (alpha = 1) and the standard ecdf CRPS (alpha = 0, pair sum / (2 M^2)) as
+    anemoi-core's AlmostFairKernelCRPS does, with eps = (1 - alpha) / M:
+
+        CRPS_alpha = mean_i |x_i - y| - (1 - eps) sum_ij |x_i - x_j| / (2 M (M - 1))
+                   = alpha CRPS_fair + (1 - alpha) CRPS_ecdf
     """
     member_dim = member_dim % ens.ndim
     M = ens.shape[member_dim]
     if M < 2:
         raise ValueError(f"fair CRPS needs at least 2 ensemble members, got {M}")
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"alpha must be in [0, 1] (1 = fair, 0 = standard CRPS), got {alpha}")
     expected = ens.shape[:member_dim] + ens.shape[member_dim + 1 :]
     if obs.shape != expected:
         raise ValueError(
@@ -73,7 +88,33 @@ def fair_crps(ens: Tensor, obs: Tensor, member_dim: int) -> Tensor:
     coef = torch.arange(1, M + 1, device=ens.device, dtype=ens.dtype) * 2 - M - 1
     coef = coef.view([M if d == member_dim else 1 for d in range(ens.ndim)])
     pair_sum = 2 * (coef * ranked).sum(dim=member_dim)
-    return skill - pair_sum / (2 * M * (M - 1))
+    spread = pair_sum / (2 * M * (M - 1))
+    return skill - spread if alpha == 1.0 else skill - (1 - (1 - alpha) / M) * spread
+
+
+def fair_crps_loss(
+    ens: Tensor,
+    target: Tensor,
+    member_dim: int,
+    lat_weights: Tensor,
+    var_weights: Tensor | None = None,
+    alpha: float = 1.0,
+) -> Tensor:
+    """Training loss: (1 / |V|) sum_v w_v * latitude-weighted grid mean of CRPS_alpha (fair_crps), batch mean.
+
+    target (B, V, h, w); ens the same with a member dim inserted at `member_dim` (members of one sample
+    together: a (b*M, V, h, w) output of the stochastic models is `split_members(y, M)`, member_dim=1).
+    Weighting as in lat_weighted_mse: sum_i cos(phi_i) CRPS_i / sum_i cos(phi_i) per variable. Scalar; every
+    sample's CRPS is over its own M members, so the members of a sample must not be split across ranks.
+    """
+    if ens.ndim != 5 or target.ndim != 4:
+        raise ValueError(
+            f"need ens (B, V, h, w) with a member dim and target (B, V, h, w); got {tuple(ens.shape)}, "
+            f"{tuple(target.shape)}"
+        )
+    crps = fair_crps(ens, target, member_dim, alpha)
+    w = _check(crps, target, lat_weights)
+    return _var_weighted_mean(_lat_mean_per_var(crps, w), var_weights)
 
 
 def per_patch_error(pred: Tensor, target: Tensor, lat_weights: Tensor, num_tokens: int) -> Tensor:
