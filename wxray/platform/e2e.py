@@ -64,47 +64,66 @@ def train_e2e(cfg: TrainE2EConfig, ctx: JobContext) -> dict[str, Any]:
         return train_sparse(processor_config(cfg), ctx)
     data = prepare_e2e(cfg.data, cfg.encoder.patch_size)
     try:
-        model = build_stage_model(cfg, data)
+        build_stage_model(cfg, data)
     except ValueError as e:
         raise ConfigError(f"{cfg.stage}: {e}") from None
     init = initial_weights(cfg, data)
+    result, metrics = fit_stage(cfg, data, ctx, stage_identity(cfg, data), init)
+    with result.checkpoint.as_directory() as d:
+        scores = evaluate_stage(cfg, data, Path(d), Path(ctx.out_dir), ctx.tracker)
+    return {**stage_summary(cfg.stage, result, metrics, ctx, data), **scores}
+
+
+def stage_summary(stage: str, result, metrics: dict, ctx: JobContext, data: E2EData) -> dict[str, Any]:
+    return {"stage": stage, "val_rmse": _figures(metrics, "val/rmse/"), "val_loss": metrics.get("val/loss"),
+            "train_loss": metrics.get("train/epoch_loss"), "epochs": int(metrics.get("epoch", 0)),
+            "checkpoint": str(Path(result.checkpoint.path).resolve()), "n_parameters": metrics.get("n_parameters"),
+            "windows": data.counts()}
+
+
+def fit_stage(cfg, data: E2EData, ctx: JobContext, identity: dict, init: dict[str, str], stage=None,
+              out_dir: Path | None = None, label: str | None = None):
+    """Check, start the job, fit the stage on Ray Train; returns (Ray result, final metrics + n_parameters).
+
+    `stage` (e2e_loop.Stage) is the module/loss/validation of the stage, the deterministic ones by default;
+    `out_dir` the run's Ray storage parent (default the job's run directory)."""
+    from wxray.platform.e2e_loop import Stage
+
+    stage = stage or Stage()
+    label = label or str(cfg.stage)
     if "train" not in data.windows.anchors or not len(data.windows.anchors["train"]):
         raise DataError(f"store {cfg.data.store}: no valid training windows (check data.*_range)")
-    identity = stage_identity(cfg, data)
-    last = checkpoints.latest(Path(cfg.out_dir) / "ray")
+    out_dir = Path(out_dir or cfg.out_dir)
+    last = checkpoints.latest(out_dir / "ray")
     if last is not None:
         checkpoints.read_meta(last, expect_model=identity)
+    model = stage.build(cfg, data, {})
     example = E2EReader(data.spec, data.obs)({"anchor": data.windows.anchors["train"][:1]})
     acc.ensure_ray(cfg.ray_address, timeout_s=cfg.ray_timeout_s)
     acc.check_cluster_fits(cfg.scaling, reserve_cpus=cfg.data.read_cpus)
     ctx.start()
     if last is not None:
         say(f"resuming from {last}")
-    n_params = sum(p.numel() for p in model.parameters())
+    n_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
     counts = data.counts()
-    ctx.tracker.log_params({"n_parameters": n_params, "streams": ",".join(s.name for s in data.obs.streams),
+    ctx.tracker.log_params({f"{label}.n_parameters": n_params,
+                            "streams": ",".join(s.name for s in data.obs.streams),
                             **{f"windows.{k}": v for k, v in counts.items()}})
-    say(f"stage {cfg.stage}: {n_params / 1e6:.2f}M parameters, streams "
-        f"{', '.join(s.name for s in data.obs.streams)}, windows {counts}, run directory {ctx.out_dir}")
+    say(f"stage {label}: {n_params / 1e6:.2f}M trained parameters, streams "
+        f"{', '.join(s.name for s in data.obs.streams)}, windows {counts}, run directory {out_dir}")
     ctx.keep_on_failure = True
     with ProgressPrinter() as progress:
-        trainer = _make_trainer(cfg, data, Path(ctx.out_dir), identity, init, example, ctx, progress.queue)
+        trainer = _make_trainer(cfg, data, out_dir, identity, init, example, ctx, progress.queue, stage, label)
         try:
             result = trainer.fit()
         except Exception as e:
             raise _training_error(e) from None
     if result.checkpoint is None:
-        raise CheckpointError(f"stage {cfg.stage} in {ctx.out_dir} finished without a checkpoint")
-    metrics = result.metrics or {}
-    with result.checkpoint.as_directory() as d:
-        scores = evaluate_stage(cfg, data, Path(d), Path(ctx.out_dir), ctx.tracker)
-    return {"stage": cfg.stage, "val_rmse": _figures(metrics, "val/rmse/"), "val_loss": metrics.get("val/loss"),
-            "train_loss": metrics.get("train/epoch_loss"), "epochs": int(metrics.get("epoch", 0)),
-            "checkpoint": str(Path(result.checkpoint.path).resolve()), "n_parameters": n_params,
-            "windows": counts, **scores}
+        raise CheckpointError(f"stage {label} in {out_dir} finished without a checkpoint")
+    return result, {**(result.metrics or {}), "n_parameters": n_params}
 
 
-def _make_trainer(cfg: TrainE2EConfig, data: E2EData, out_dir: Path, identity, init, example, ctx, progress):
+def _make_trainer(cfg, data: E2EData, out_dir: Path, identity, init, example, ctx, progress, stage, label):
     from ray.train import CheckpointConfig, FailureConfig, RunConfig
     from ray.train.torch import TorchTrainer
 
@@ -113,7 +132,8 @@ def _make_trainer(cfg: TrainE2EConfig, data: E2EData, out_dir: Path, identity, i
     datasets = build_e2e_datasets(cfg.data, data)
     loop_config = {"cfg": to_dict(cfg), "data": data, "n_train": len(data.windows.anchors["train"]),
                    "has_val": "val" in datasets, "identity": identity, "init": init, "example": example,
-                   "tracking_uri": ctx.tracker.uri, "mlflow_run_id": ctx.tracker.run_id or "", "progress": progress}
+                   "tracking_uri": ctx.tracker.uri, "mlflow_run_id": ctx.tracker.run_id or "", "progress": progress,
+                   "stage": stage, "cfg_cls": type(cfg), "label": label}
     return TorchTrainer(
         train_fn_per_worker, train_loop_config=loop_config, scaling_config=acc.ray_scaling_config(cfg.scaling),
         run_config=RunConfig(name="train", storage_path=str((out_dir / "ray").resolve()),

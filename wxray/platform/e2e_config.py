@@ -78,6 +78,7 @@ class TrainE2EConfig(JobConfig):
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: LoopConfig = field(default_factory=lambda: LoopConfig(epochs=10))
     scaling: ScalingCfg = field(default_factory=ScalingCfg)
+    chain_analysis_weight: NonNegFloat = 1.0  # chain: weight of the analysis error beside the lead-1 error
     stages_dir: InPath = ""  # where the earlier stages are; "" = runs/train_e2e/<run_name>
     ray_address: str = ""  # Ray cluster (host:port); "" = RAY_ADDRESS (ray job submit) or a new local one
     ray_timeout_s: PosFloat = 60.0  # give up on an unreachable ray_address after this many seconds

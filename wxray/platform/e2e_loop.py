@@ -45,6 +45,23 @@ def load_initial(model: torch.nn.Module, cfg: TrainE2EConfig, init: dict[str, st
         getattr(model, part).load_state_dict(state["model"])
 
 
+class Stage:
+    """What the loop needs of a stage: its module, its loss, its validation scores. The deterministic
+    stages are this class; the stochastic finetunes (platform/stochastic.py) subclass it."""
+
+    def build(self, cfg, data: E2EData, init: dict[str, str]) -> torch.nn.Module:
+        model = build_stage_model(cfg, data)
+        if init:
+            load_initial(model, cfg, init)
+        return model
+
+    def loss(self, cfg, model, batch, data: E2EData, lat_w, generator=None) -> torch.Tensor:
+        return stage_loss(cfg, model, batch, data, lat_w, generator=generator)
+
+    def validate(self, cfg, model, batches, data: E2EData, lat_w, device, world, dtype, dummy) -> dict:
+        return validate(cfg, model, batches, data, lat_w, device, world, dtype, dummy)
+
+
 @torch.no_grad()
 def validate(cfg: TrainE2EConfig, model, batches, data: E2EData, lat_w, device, world, dtype, dummy) -> dict:
     """Normalised loss and RMSE per channel in physical units: of the analysis (encoder), of the lead-1
@@ -100,7 +117,8 @@ def _dummy(loader_batch: dict[str, np.ndarray], device) -> dict[str, torch.Tenso
 def train_fn_per_worker(config: dict[str, Any]) -> None:
     import ray.train
 
-    cfg = from_dict(TrainE2EConfig, config["cfg"])
+    stage: Stage = config.get("stage") or Stage()
+    cfg = from_dict(config.get("cfg_cls", TrainE2EConfig), config["cfg"])
     data: E2EData = config["data"]
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
@@ -108,15 +126,13 @@ def train_fn_per_worker(config: dict[str, Any]) -> None:
     if device.type == "cpu":
         acc.set_cpu_threads(cfg.scaling.cpus_per_worker)
     torch.manual_seed(cfg.train.seed)
-    model = build_stage_model(cfg, data).to(device)
-    if config.get("init"):
-        load_initial(model, cfg, config["init"])
+    model = stage.build(cfg, data, config.get("init") or {}).to(device)
     if world > 1 and cfg.train.fsdp:
         shard(model)
     elif world > 1:
         model = torch.nn.parallel.DistributedDataParallel(model)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay,
-                            betas=tuple(cfg.optim.betas))
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.optim.lr,
+                            weight_decay=cfg.optim.weight_decay, betas=tuple(cfg.optim.betas))
     per_epoch = config["n_train"]
     if cfg.train.max_steps_per_epoch:
         per_epoch = min(per_epoch, cfg.train.max_steps_per_epoch * world * cfg.data.batch_size)
@@ -155,7 +171,7 @@ def train_fn_per_worker(config: dict[str, Any]) -> None:
                 break
             t0 = time.perf_counter()
             with acc.autocast(device, dtype):
-                loss = stage_loss(cfg, model, batch, data, lat_w, generator=gen) * w
+                loss = stage.loss(cfg, model, batch, data, lat_w, generator=gen) * w
             opt.zero_grad(set_to_none=True)
             loss.backward()
             if cfg.optim.grad_clip > 0:
@@ -178,12 +194,11 @@ def train_fn_per_worker(config: dict[str, Any]) -> None:
                    "train/epoch_loss": float(np.mean(losses)) if losses else float("nan"),
                    "train/epoch_samples_per_s_per_worker": n_samples / max(elapsed, 1e-9)}
         if val_shard is not None:
-            metrics.update(validate(cfg, model, val_shard.iter_torch_batches(batch_size=cfg.data.batch_size,
-                                                                             device=device),
-                                    data, lat_w, device, world, dtype, dummy))
+            metrics.update(stage.validate(cfg, model, val_shard.iter_torch_batches(
+                batch_size=cfg.data.batch_size, device=device), data, lat_w, device, world, dtype, dummy))
         if rank == 0:
             val = f", val loss {metrics['val/loss']:.4f}" if "val/loss" in metrics else ""
-            reporter.say(f"{cfg.stage} epoch {epoch + 1}/{cfg.train.epochs}: step {step}, "
+            reporter.say(f"{config.get('label', cfg.stage)} epoch {epoch + 1}/{cfg.train.epochs}: step {step}, "
                          f"train loss {metrics['train/epoch_loss']:.4f}{val}")
         if (epoch + 1) % cfg.train.checkpoint_every == 0 or epoch == cfg.train.epochs - 1:
             model_sd, opt_sd = _get_state(model, opt)

@@ -6,9 +6,10 @@ station stream's statistics (obs.yaml). With z the normalised state and p the pr
 
     z(t+1) = z(t) + (p * out_std + out_mean) / in_std                 (residual processor)
 
-so a state error dz is a tendency error dz * in_std / out_std: the chain's loss at lead 1 is the
-processor's own (latitude-weighted MSE on the tendency scale), taken from the encoder's analysis
-instead of the true state, against the true state at t+1.
+The chain's loss is latitude-weighted MSE in normalised-state units: of the lead-1 state reached from the
+encoder's analysis against the true state at t+1, plus `analysis_weight` times that of the analysis
+against the true state at t. Without the second term the lead-1 objective is free to move z0 anywhere the
+processor can correct in one step, and the analysis stops being one.
 """
 
 from __future__ import annotations
@@ -125,11 +126,6 @@ def next_state(spec: WindowSpec, z: torch.Tensor, pred: torch.Tensor) -> torch.T
     return (phys - in_mean) / in_std
 
 
-def tendency_scale(spec: WindowSpec, like: torch.Tensor) -> torch.Tensor:
-    """in_std / out_std per target channel: a normalised-state error in tendency units."""
-    return per_channel(spec.in_std[spec.target_in_input] / spec.out_std, like)
-
-
 def station_channels(data: E2EData) -> list[int]:
     s = next(s for s in data.obs.streams if s.name == data.station_stream)
     return [list(s.channels).index(v) for v in data.station_variables]
@@ -144,9 +140,10 @@ def stage_loss(cfg: TrainE2EConfig, model: nn.Module, batch: dict[str, torch.Ten
         return lat_weighted_mse(spec.unpad(z0.float()), spec.unpad(batch["x"][:, :n]), lat_w)
     if cfg.stage == "chain":
         z0, pred = model(batch, generator=generator)
-        # the target tendency from the analysis z0 to the true state at t+1
-        target = batch["y"] + (batch["x"][:, :n] - z0.float())[:, spec.target_in_input] * tendency_scale(spec, z0)
-        return lat_weighted_mse(spec.unpad(pred.float()), spec.unpad(target), lat_w)
+        truth1 = next_state(spec, batch["x"][:, :n], batch["y"])
+        lead1 = lat_weighted_mse(spec.unpad(next_state(spec, z0.float(), pred.float())), spec.unpad(truth1), lat_w)
+        analysis = lat_weighted_mse(spec.unpad(z0.float()), spec.unpad(batch["x"][:, :n]), lat_w)
+        return lead1 + cfg.chain_analysis_weight * analysis
     pred, values, mask = decode_stations(model, batch, data)
     return ((pred.float() - values) ** 2 * mask).sum() / mask.sum().clamp_min(1.0)
 

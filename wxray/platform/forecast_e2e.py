@@ -21,13 +21,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 import pandas as pd
 import torch
 
-from wxray.config import InPath, PosInt, from_dict, load_yaml
+from wxray.config import InPath, PosInt, Range, Seed, from_dict, load_yaml
 from wxray.data.schema import TIME, open_climatology, open_store
 from wxray.errors import CheckpointError, ConfigError, DataError
 from wxray.io import atomic_path
@@ -46,6 +46,7 @@ from wxray.platform.e2e_models import (
     stage_identity,
     station_features,
 )
+from wxray.platform.ensemble_e2e import describe, load_stochastic, nested, run_ensemble
 from wxray.platform.forecast import resolve_device
 from wxray.platform.rollout import INIT, LEAD, rollout_anchors, to_forecast_dataset, write_forecast
 from wxray.platform.rollout_scores import log_report, rollout_report
@@ -61,13 +62,18 @@ class ForecastE2EConfig(JobConfig):
     inits: str = ""  # "start/end" init times, inclusive; "" = the test split with truth at every lead
     steps: PosInt = 4  # processor steps after the analysis (lead 0)
     deny: list[str] = field(default_factory=list)  # streams withheld from the encoder (observing-system denial)
-    batch_size: PosInt = 8  # inits per forward
+    members_m: PosInt = 1  # encoder noise draws M (needs jobs/finetune_stochastic.py stage=encoder)
+    members_n: PosInt = 1  # dropout members N per draw (the finetuned stochastic processor, or dropout > 0)
+    dropout: Annotated[float, Range(-1, 1, hi_open=True)] = -1.0  # inference dropout p; -1 = as finetuned
+    seed: Seed = 0  # member (i, j) of init t draws from SeedSequence([seed, t, source, i(, j)]) (ensemble_e2e.py)
+    batch_size: PosInt = 8  # inits per forward (each with its M x N members)
     device: str = "auto"  # auto (a GPU when there is one), cpu, cuda, cuda:1; must exist on this machine
 
     experiment = "wxray-forecast"
 
     def run_label(self, job: str) -> str:
-        return "e2e" + ("-deny-" + "-".join(self.deny) if self.deny else "")
+        members = f"-{self.members_m}x{self.members_n}" if self.members_m * self.members_n > 1 else ""
+        return "e2e" + members + ("-deny-" + "-".join(self.deny) if self.deny else "")
 
     def validate(self) -> None:
         if self.inits:
@@ -220,16 +226,29 @@ def forecast_e2e(cfg: ForecastE2EConfig, ctx: JobContext) -> dict[str, Any]:
         say(f"no decoder stage under {cfg.stages}: gridded forecasts only")
     say(f"forecasting {len(anchors)} init(s), {cfg.steps} step(s) from the analysis"
         + (f", denying {', '.join(cfg.deny)}" if cfg.deny else ""))
-    fields, stations = run_forecast(data, encoder, processor, decoder, anchors, cfg.steps, cfg.deny, cfg.batch_size,
-                                    device)
-    forecast = to_forecast_dataset(fields, data.spec, ds, anchors)
+    m, n = cfg.members_m, cfg.members_n
+    members, extra = None, {}
+    if m * n > 1:
+        senc, sproc, p, found = load_stochastic(Path(cfg.stages), tcfg, data, m, n, cfg.dropout)
+        used = {**used, **found}
+        say(f"nested ensemble: {m} encoder draw(s) x {n} dropout member(s) (p={p:g})")
+        table = station_table(data) if decoder is not None else None
+        fields, st = run_ensemble(data, senc, sproc or processor, decoder, anchors, cfg.steps, cfg.deny, m, n, p,
+                                  cfg.seed, cfg.batch_size, device, stations=table)
+        stations = None if st is None else (table, st)
+        members, extra = list(range(m * n)), describe(m, n, p, cfg.seed)
+    else:
+        fields, stations = run_forecast(data, encoder, processor, decoder, anchors, cfg.steps, cfg.deny,
+                                        cfg.batch_size, device)
+    forecast = to_forecast_dataset(fields, data.spec, ds, anchors, members)
     step = forecast[LEAD].values[0]
     forecast = forecast.assign_coords({LEAD: forecast[LEAD].values - step})  # lead 0 is the analysis
     forecast.attrs.update(source="wxray end-to-end forecast", stages=str(cfg.stages), deny=",".join(cfg.deny),
                           **{f"checkpoint_{k}": v for k, v in used.items()})
-    path = write_forecast(forecast, Path(ctx.out_dir) / "forecast.zarr")
+    written = nested(forecast, m, n) if members else forecast
+    path = write_forecast(written, Path(ctx.out_dir) / "forecast.zarr")
     result: dict[str, Any] = {"forecast": str(path), "inits": int(len(anchors)), "steps": cfg.steps,
-                              "deny": list(cfg.deny), "checkpoints": used}
+                              "deny": list(cfg.deny), "checkpoints": used, **extra}
     scored = rollout_anchors(ds, anchors, data.spec, cfg.steps)
     if len(scored):
         report = rollout_report(forecast.sel({INIT: ds[TIME].values[scored]}), ds, open_climatology(data.spec.store))
