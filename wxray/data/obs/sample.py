@@ -203,12 +203,12 @@ def _stations(tr: Truth, rng, n: int, missing: float, suspect: float) -> tuple[p
 
 def representativeness(var: str, grid_value: np.ndarray, land: np.ndarray, height: np.ndarray) -> np.ndarray:
     """What a land station measures of the grid-box state: winds slowed by surface friction over the continents
-    (x 0.7), geopotential lowered by its height above the grid's mean surface (- 0.5 g h). A station decoder
+    (x 0.7), geopotential lowered by its height above the grid's mean surface (- 0.2 g h). A station decoder
     can learn both from where a station is; bilinear interpolation of the grid cannot."""
     if "wind" in var:
         return grid_value * np.where(land, 0.7, 1.0)
     if var == "geopotential":
-        return grid_value - 0.5 * 9.80665 * height
+        return grid_value - 0.2 * 9.80665 * height
     return grid_value
 
 
@@ -345,7 +345,7 @@ def make_sample_obs(store: str | Path = DEFAULT_STORE, out: str | Path = "data/s
                                    f"{stations} fixed stations, 75% in three dense 'continent' boxes, the rest sparse; "
                                    f"reports at the store steps, {missing:.0%} missing, {suspect:.0%} suspect "
                                    f"(gross errors), 0.5% bad; altitude column; representativeness: land winds x 0.7, "
-                                   f"geopotential - 0.5 g altitude"))
+                                   f"geopotential - 0.2 g altitude"))
     if ships:
         df, variables, f = _ships(tr, _rng(seed, "ships"), ships)
         tables["ships"] = (df, variables)
