@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 
 import numpy as np
@@ -10,6 +12,7 @@ import pyarrow.dataset as pads
 import pytest
 import xarray as xr
 
+from wxray.config import load_config
 from wxray.data.schema import open_store
 from wxray.errors import CheckpointError, ConfigError
 from wxray.job import run_job
@@ -18,6 +21,7 @@ from wxray.platform.e2e import initial_weights, train_e2e
 from wxray.platform.e2e_config import ObsDataConfig, TrainE2EConfig
 from wxray.platform.e2e_data import E2EReader, build_e2e_datasets, prepare_e2e, time_features
 from wxray.platform.forecast_e2e import ForecastE2EConfig, forecast_e2e
+from wxray.platform.stochastic import FinetuneStochasticConfig, finetune_stochastic
 from wxray.verify.evaluate import EvaluateConfig, evaluate
 
 TINY = ["encoder.hidden=8", "encoder.embed_dim=16", "encoder.depth=1", "encoder.num_heads=2",
@@ -95,58 +99,93 @@ def test_chain_without_its_earlier_stages_names_what_to_run(small_store, small_o
         initial_weights(cfg, data)
 
 
-def _stage(stage, small_store, small_obs, stages, tracking_uri, capsys):
-    argv = [f"stage={stage}", f"data.store={small_store}", f"data.obs_dir={small_obs.obs_dir}",
-            f"stages_dir={stages}", f"tracking.uri={tracking_uri}", "encoder.patch_size=2",
-            "processor.patch_size=2", *TINY]
-    rc = run_job("train_e2e", TrainE2EConfig, train_e2e, argv)
-    out = capsys.readouterr().out
-    assert rc == 0, out
-    return json.loads(out.strip().splitlines()[-1].removeprefix("RESULT "))
+def _run(job, cfg_cls, main, argv) -> dict:
+    """Run a job in this process; its RESULT (the job must succeed)."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        rc = run_job(job, cfg_cls, main, argv)
+    assert rc == 0, out.getvalue()[-3000:]
+    return json.loads(out.getvalue().strip().splitlines()[-1].removeprefix("RESULT "))
+
+
+@pytest.fixture(scope="module")
+def chain(ray_session, small_store, small_obs, tmp_path_factory):
+    """The four deterministic stages, tiny, on the small sample store and its streams."""
+    stages = tmp_path_factory.mktemp("e2e") / "chain"
+    uri = f"sqlite:///{stages.parent}/mlflow.db"
+    results = {}
+    for stage in ("encoder", "processor", "decoder", "chain"):
+        results[stage] = _run("train_e2e", TrainE2EConfig, train_e2e, [
+            f"stage={stage}", f"data.store={small_store}", f"data.obs_dir={small_obs.obs_dir}",
+            f"stages_dir={stages}", f"tracking.uri={uri}", "encoder.patch_size=2", "processor.patch_size=2", *TINY])
+    return stages, uri, results
+
+
+INITS = "inits=2000-01-02T00/2000-01-02T06"
 
 
 @pytest.mark.slow
-def test_stages_forecast_and_station_scores(ray_session, small_store, small_obs, tmp_path, tracking_uri, capsys):
-    stages = tmp_path / "chain"
-    enc = _stage("encoder", small_store, small_obs, stages, tracking_uri, capsys)
-    report = enc["encoder"]
-    names = [s.name for s in prepare_e2e(_data_cfg(small_store, small_obs), 2).obs.streams]
+def test_stages_forecast_and_station_scores(chain, small_obs, tmp_path):
+    stages, uri, results = chain
+    report = results["encoder"]["encoder"]
+    names = ["stations", "ships", "profiles", "swath_tb", "swath_wind"]
     assert set(report["denied_rmse"]) == set(names) and report["densest_stream"] in names
     assert (stages / "encoder" / "plots" / "analysis_vs_truth.png").is_file()
-    _stage("processor", small_store, small_obs, stages, tracking_uri, capsys)
-    dec = _stage("decoder", small_store, small_obs, stages, tracking_uri, capsys)["decoder"]
+    dec = results["decoder"]["decoder"]
     assert set(dec["decoder_rmse"]) == {"geopotential", "u_component_of_wind", "v_component_of_wind"}
-    chain = _stage("chain", small_store, small_obs, stages, tracking_uri, capsys)["chain"]
-    assert set(chain["forecast_to_persistence"]) == {"geopotential", "u_component_of_wind", "v_component_of_wind",
-                                                      "vorticity"}
+    assert set(results["chain"]["chain"]["forecast_to_persistence"]) == {
+        "geopotential", "u_component_of_wind", "v_component_of_wind", "vorticity"}
 
     out = tmp_path / "fc"
-    rc = run_job("forecast_e2e", ForecastE2EConfig, forecast_e2e,
-                 [f"stages={stages}", "steps=2", "inits=2000-01-02T00/2000-01-02T06", f"out_dir={out}",
-                  f"tracking.uri={tracking_uri}"])
-    res = json.loads(capsys.readouterr().out.strip().splitlines()[-1].removeprefix("RESULT "))
-    assert rc == 0 and res["checkpoints"].keys() == {"chain", "decoder"}
+    res = _run("forecast_e2e", ForecastE2EConfig, forecast_e2e,
+               [f"stages={stages}", "steps=2", INITS, f"out_dir={out}", f"tracking.uri={uri}"])
+    assert res["checkpoints"].keys() == {"chain", "decoder"}
     fc = xr.open_zarr(out / "forecast.zarr")
     assert list(fc.lead_time.values / np.timedelta64(1, "h")) == [0, 6, 12] and fc.sizes["init_time"] == 2
     st = pd.read_parquet(out / "stations.parquet")
     assert list(st.columns) == ["init_time", "lead_time", "station", "latitude", "longitude", "variable", "value"]
     assert sorted(st.lead_time.unique()) == [0, 6, 12] and st.value.notna().all()
 
-    # the same inits with the densest stream denied: another analysis, same everything else
-    rc = run_job("forecast_e2e", ForecastE2EConfig, forecast_e2e,
-                 [f"stages={stages}", "steps=1", "inits=2000-01-02T00/2000-01-02T06", f"out_dir={tmp_path / 'd'}",
-                  "deny=[stations]", "tracking.enabled=false"])
-    capsys.readouterr()
+    # the same inits with the densest stream denied: another analysis
+    _run("forecast_e2e", ForecastE2EConfig, forecast_e2e,
+         [f"stages={stages}", "steps=1", INITS, f"out_dir={tmp_path / 'd'}", "deny=[stations]",
+          "tracking.enabled=false"])
     denied = xr.open_zarr(tmp_path / "d" / "forecast.zarr")
-    assert rc == 0 and not np.allclose(denied.geopotential.isel(lead_time=0), fc.geopotential.isel(lead_time=0))
+    assert not np.allclose(denied.geopotential.isel(lead_time=0), fc.geopotential.isel(lead_time=0))
 
-    rc = run_job("evaluate", EvaluateConfig, evaluate,
-                 [f"forecast={out / 'forecast.zarr'}", f"stations={out / 'stations.parquet'}",
-                  f"station_obs={small_obs.obs_dir}", "station_baseline=bilinear", f"out_dir={tmp_path / 'ev'}",
-                  "tracking.enabled=false", "plots=false"])
-    res = json.loads(capsys.readouterr().out.strip().splitlines()[-1].removeprefix("RESULT "))
-    assert rc == 0 and res["stations"]["n_pairs"] > 0
-    assert "rel_diff" in res["stations"]["variables"]["geopotential"]
+    res = _run("evaluate", EvaluateConfig, evaluate,
+               [f"forecast={out / 'forecast.zarr'}", f"stations={out / 'stations.parquet'}",
+                f"station_obs={small_obs.obs_dir}", "station_baseline=bilinear", f"out_dir={tmp_path / 'ev'}",
+                "tracking.enabled=false", "plots=false"])
+    assert res["stations"]["n_pairs"] > 0 and "rel_diff" in res["stations"]["variables"]["geopotential"]
+
+
+@pytest.mark.slow
+def test_stochastic_uplift_and_nested_members_recomputed_alone(chain, tmp_path):
+    stages, uri, _ = chain
+    with pytest.raises(CheckpointError, match="stage=encoder"):  # the processor needs the stochastic encoder
+        finetune_stochastic(load_config(FinetuneStochasticConfig, ["stage=processor", f"stages_dir={stages}"]), None)
+    small = ["train.epochs=1", "train.max_steps_per_epoch=2", "stochastic.members=2", "stochastic.dropout=0.2",
+             "stochastic.noise_dim=4", f"stages_dir={stages}", f"tracking.uri={uri}"]
+    enc = _run("finetune_stochastic", FinetuneStochasticConfig, finetune_stochastic, ["stage=encoder", *small])
+    assert enc["from"] == "chain" and enc["epochs"] == 1
+    proc = _run("finetune_stochastic", FinetuneStochasticConfig, finetune_stochastic,
+                ["stage=processor", "stochastic.leads=2", *small])
+    assert set(proc["leads"]) == {"lead_1", "lead_2"}
+
+    def ensemble(inits, out):
+        _run("forecast_e2e", ForecastE2EConfig, forecast_e2e,
+             [f"stages={stages}", "steps=2", inits, "members_m=2", "members_n=3", f"out_dir={tmp_path / out}",
+              "batch_size=1", "tracking.enabled=false"])  # one init's members per forward: bit for bit
+        return xr.open_zarr(tmp_path / out / "forecast.zarr").geopotential.load()
+
+    both = ensemble(INITS, "both")
+    assert both.dims == ("init_time", "lead_time", "encoder_draw", "dropout_draw", "latitude", "longitude")
+    lead0 = both.isel(lead_time=0).values
+    assert (lead0 == lead0[:, :, :1]).all()  # at the analysis the dropout members are one encoder draw
+    assert not np.allclose(both.isel(lead_time=1, dropout_draw=0), both.isel(lead_time=1, dropout_draw=1))
+    alone = ensemble("inits=2000-01-02T06/2000-01-02T06", "alone")
+    np.testing.assert_array_equal(alone.isel(init_time=0).values, both.isel(init_time=1).values)
 
 
 def test_forecast_denying_an_unknown_stream_is_one_line(tmp_path, capsys):

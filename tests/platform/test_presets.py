@@ -13,7 +13,8 @@ from wxray.job import run_job
 from wxray.platform.train_config import TrainSparseConfig
 from wxray.platform.trainer import train_sparse
 
-PRESETS = sorted((Path(__file__).resolve().parents[2] / "configs" / "paper").glob("*.yaml"))
+PRESETS = sorted((Path(__file__).resolve().parents[2] / "configs" / "paper").glob("table*.yaml"))
+STOCHASTIC = sorted((Path(__file__).resolve().parents[2] / "configs" / "paper").glob("stochastic_*.yaml"))
 
 
 def test_presets_are_the_papers_base_setups():
@@ -29,6 +30,17 @@ def test_presets_are_the_papers_base_setups():
     assert (direct.data.lead_steps, direct.data.residual, direct.train.rollout_steps) == (20, False, 1)
     rollout = load_config(TrainSparseConfig, ["--config", str(PRESETS[1])])
     assert (rollout.data.lead_steps, rollout.train.rollout_steps) == (4, 10)  # 24-h steps, days 1-10
+
+
+def test_stochastic_presets_are_the_papers_recipe():
+    from wxray.platform.stochastic import FinetuneStochasticConfig
+
+    assert [p.name for p in STOCHASTIC] == ["stochastic_encoder.yaml", "stochastic_processor.yaml"]
+    enc, proc = (load_config(FinetuneStochasticConfig, ["--config", str(p)]) for p in STOCHASTIC)
+    assert (enc.stochastic.noise, enc.stochastic.members, enc.optim.lr, enc.train.epochs) == ("film", 7, 3e-5, 20)
+    assert (proc.stochastic.dropout, proc.stochastic.members, proc.stochastic.leads) == (0.05, 7, 10)
+    assert (proc.optim.lr, proc.optim.min_lr_ratio, proc.optim.weight_decay) == (1e-4, 0.01, 1e-5)  # -> 1e-6
+    assert (proc.train.epochs, proc.stochastic.lead_epochs, proc.train.activation_checkpointing) == (20, 12, True)
 
 
 @pytest.mark.slow

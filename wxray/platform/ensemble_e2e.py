@@ -8,8 +8,10 @@ coordinates, never from a shared stream:
     dropout masks of (t,i,j) torch.Generator seeded SeedSequence([seed, t in seconds, 2, i, j]), advanced by
                              each lead step in order
 
-so any member is recomputed alone, bit for bit, and a denial run (`deny=[...]`) shares every draw with its
-baseline (common random numbers). Rows of a batch: (init, i, j) with j fastest; the forecast is written with
+so a member's draws do not depend on which other members or inits were computed with it, and a denial run
+(`deny=[...]`) shares every draw with its baseline (common random numbers). With `batch_size=1` each forward
+holds one init's M x N members, so an init forecast alone reproduces them bit for bit; in larger batches the
+values agree to float round-off (the matrix kernels sum in another order for another batch shape). Rows of a batch: (init, i, j) with j fastest; the forecast is written with
 dims (init_time, lead_time, encoder_draw, dropout_draw, latitude, longitude). The decoder is deterministic:
 station forecasts are the decoded ensemble mean.
 """
