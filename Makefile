@@ -15,7 +15,7 @@ RAY_DASHBOARD_PORT ?= 8265
 RAY_CPUS ?= $(shell nproc)
 HEAD_PID := runs/ray-head.pid
 
-.PHONY: setup demo demo-e2e test test-fast lint bench mlflow-ui clean train ray-up submit ray-down
+.PHONY: setup demo demo-e2e calibrate-dropout test test-fast lint bench mlflow-ui clean train ray-up submit ray-down
 
 setup: $(STAMP)
 
@@ -36,6 +36,13 @@ demo-e2e: setup
 	for stage in encoder processor decoder chain; do \
 		$(BIN)/python jobs/train_e2e.py stage=$$stage $(ARGS) || exit 1; done
 	$(BIN)/python jobs/forecast_e2e.py
+
+# The uplifted chain's inference dropout p, scored by spread-skill (the paper's selection of p = 0.05).
+calibrate-dropout: setup
+	for p in 0.05 0.1 0.2; do \
+		$(BIN)/python jobs/forecast_e2e.py members_m=1 members_n=8 dropout=$$p out_dir=runs/calibrate_dropout/p$$p \
+		&& $(BIN)/python jobs/evaluate.py forecast=runs/calibrate_dropout/p$$p/forecast.zarr \
+			truth=data/sample_32x64.zarr out_dir=runs/calibrate_dropout/p$$p/evaluate plots=false || exit 1; done
 
 train: setup   # make train ARGS="model.keep_ratio=0.5 train.epochs=10"
 	$(BIN)/python jobs/train_sparse.py $(ARGS)
