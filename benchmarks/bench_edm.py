@@ -1,0 +1,242 @@
+"""Res-Slim-EDM training-step cost: dense vs sparse (asymmetric attention), block stack and full denoiser.
+
+    python benchmarks/bench_edm.py                       # CPU, batch 1, 6 timed steps (~1-2 min, 2 cores)
+    python benchmarks/bench_edm.py --device cuda --batch 8 --steps 20 --json out.json
+    python benchmarks/bench_edm.py --dim 128 --img 32 64  # smaller
+
+Config (defaults): D=256, depth 8, 4 heads, MLP ratio 4, split (2, 4, 2), r=0.25 (the paper's EDM split and
+ratio, Sec. 4.3), a 64x128 grid with patch 2 -> L=2048 tokens, K=512 routed; 5 variables x 2 history steps
++ 2 constants, 5 outputs.
+
+Parts: "stack" = the 8 EDMBlocks in their SparseRouter on random target tokens (B, L, D), conditioning tokens
+(B, L, D) and noise embedding (B, D), MSE loss; "full" = the whole denoiser with edm_loss (sigma and noise
+drawn from the step's generator, a fresh routing every step, latitude-weighted). Per variant and part:
+  step_ms    median wall time of forward + backward + AdamW step (after 2 warm-up steps; measurements
+             interleaved step by step so load drift hits all of them alike); min_ms the fastest step
+  speedup    dense step_ms / this step_ms (same part); min_x from min_ms (the steadier ratio on a
+             machine shared with other jobs)
+  GFLOP      forward + backward FLOPs (torch.utils.flop_counter, CPU flash-SDPA registered); flop_x ratio
+  saved_MiB  bytes of every tensor autograd saves during the forward (parameters included); mem_x ratio
+  call_ms    (full only) median of one no-grad denoiser call with a held routing, i.e. one sampler call
+and the FLOP model of the asymmetric block (multiply-adds, n = tokens the block sees, L = conditioning length):
+  c(n) = 4 n D^2 + 2 n^2 D          self-attention: qkv + proj, scores + AV over n tokens
+       + 2 n D^2 + 2 L D^2 + 2 n L D  cross-attention: q + proj on n, k + v on all L of Z_c, n x L scores + AV
+       + 2 m n D^2                    MLP (m = MLP ratio); FiLM / gate are per sample (5 D^2), left out
+  speedup = N c(L) / ((n1 + n3) c(L) + n2 c(K)); "attention only" keeps the n^2 D and n L D terms (Eq. 12).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+import torch.nn as nn
+from torch.utils import flop_counter
+
+from wxray.models import EDMBlock, ResSlimEDM, SparseRouter, edm_loss, latitude_weights
+
+DEPTH, HEADS, MLP_RATIO = 8, 4, 4.0
+SPLIT, KEEP = (2, 4, 2), 0.25
+N_VARS, HISTORY, N_CONST, N_OUT, PATCH = 5, 2, 2, 5, 2
+PAPER = {"L": 30 * 60, "dim": 1024, "measured": 1.82}  # Sec. 4.3 / Table 7: 1.0 deg (180x360), patch 6, D=1024
+
+
+def block_cost(n: int, seq: int, d: int, mlp_ratio: float = MLP_RATIO, attention_only: bool = False) -> float:
+    """Multiply-adds of one EDM block on n tokens of x against seq conditioning tokens (see module doc)."""
+    attention = 2 * n * n * d + 2 * n * seq * d
+    if attention_only:
+        return attention
+    return attention + (4 + 2 + 2 * mlp_ratio) * n * d * d + 2 * seq * d * d
+
+
+def expected_speedups(seq: int, d: int, split: tuple[int, int, int] = SPLIT, r: float = KEEP) -> dict[str, float]:
+    n1, n2, n3 = split
+    k = math.floor(r * seq)
+
+    def ratio(**kw: bool) -> float:
+        dense = block_cost(seq, seq, d, **kw)
+        return (n1 + n2 + n3) * dense / ((n1 + n3) * dense + n2 * block_cost(k, seq, d, **kw))
+
+    return {"attention_only": ratio(attention_only=True), "flop_model": ratio()}
+
+
+def _sdpa_cpu_flops() -> dict:
+    """flop_counter does not know the CPU flash-attention kernels that SDPA dispatches to; register them."""
+    aten = torch.ops.aten
+
+    def fwd(q, k, v, *args, out_shape=None, **kwargs):
+        return flop_counter.sdpa_flop_count(q, k, v)
+
+    def bwd(grad, q, k, v, *args, out_shape=None, **kwargs):
+        return flop_counter.sdpa_backward_flop_count(grad, q, k, v)
+
+    return {
+        aten._scaled_dot_product_flash_attention_for_cpu: fwd,
+        aten._scaled_dot_product_flash_attention_for_cpu_backward: bwd,
+    }
+
+
+class Bench:
+    """One module + AdamW + a loss closure loss_fn(generator); `probe()` counts FLOPs and saved bytes."""
+
+    def __init__(self, module: nn.Module, loss_fn: Callable[[torch.Generator], torch.Tensor],
+                 device: torch.device, seed: int):
+        self.module = module.to(device).train()
+        self.opt = torch.optim.AdamW(module.parameters(), lr=1e-4)
+        self.gen = torch.Generator(device=device).manual_seed(seed)
+        self.loss_fn, self.device = loss_fn, device
+        self.times: list[float] = []
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def probe(self) -> dict[str, float]:
+        saved = 0
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            nonlocal saved
+            saved += t.numel() * t.element_size()
+            return t
+
+        with flop_counter.FlopCounterMode(display=False, custom_mapping=_sdpa_cpu_flops()) as counter:
+            self.opt.zero_grad(set_to_none=True)
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                loss = self.loss_fn(self.gen)
+            loss.backward()
+            self.opt.step()
+        return {"GFLOP": counter.get_total_flops() / 1e9, "saved_MiB": saved / 2**20}
+
+    def step(self) -> None:
+        self._sync()
+        t0 = time.perf_counter()
+        self.opt.zero_grad(set_to_none=True)
+        self.loss_fn(self.gen).backward()
+        self.opt.step()
+        self._sync()
+        self.times.append(time.perf_counter() - t0)
+
+
+def make_model(keep: float, dim: int, img: tuple[int, int]) -> ResSlimEDM:
+    return ResSlimEDM(N_VARS, HISTORY, N_CONST, N_OUT, img, PATCH, dim, DEPTH, HEADS, MLP_RATIO, SPLIT, keep)
+
+
+def run(device: torch.device, steps: int, batch: int, dim: int, img: tuple[int, int]) -> dict:
+    torch.manual_seed(0)
+    seq = (img[0] // PATCH) * (img[1] // PATCH)
+    lat_w = latitude_weights(torch.linspace(-88.6, 88.6, img[0])).to(device)
+    z_x, z_c, target = (torch.randn(batch, seq, dim, device=device) for _ in range(3))
+    emb = torch.randn(batch, dim, device=device)
+    fields = torch.randn(batch, N_OUT, *img, device=device)
+    cond = torch.randn(batch, N_VARS * HISTORY + N_CONST, *img, device=device)
+    benches, models = {}, {}
+    for variant, keep in (("dense", 1.0), ("sparse", KEEP)):
+        stack = SparseRouter([EDMBlock(dim, HEADS, MLP_RATIO) for _ in range(DEPTH)], SPLIT, keep)
+        benches[variant, "stack"] = Bench(
+            stack, lambda g, s=stack: nn.functional.mse_loss(s(z_x, generator=g, cond=z_c, emb=emb), target),
+            device, seed=1,
+        )
+        models[variant] = model = make_model(keep, dim, img)
+        benches[variant, "full"] = Bench(
+            model, lambda g, m=model: edm_loss(m, fields, cond, lat_w, g), device, seed=2
+        )
+    probes = {key: b.probe() for key, b in benches.items()}
+    for b in benches.values():
+        b.step()  # second warm-up step, discarded
+        b.times.clear()
+    for _ in range(steps):  # round-robin, so load from other processes drifts over all variants alike
+        for b in benches.values():
+            b.step()
+
+    call_ms = {}
+    for variant, model in models.items():  # one sampler call: no grad, routing held
+        model.eval()
+        g = torch.Generator(device=device).manual_seed(3)
+        routing = model.draw_routing(batch, g, device)
+        times = []
+        with torch.no_grad():
+            for _ in range(steps + 1):
+                benches[variant, "full"]._sync()
+                t0 = time.perf_counter()
+                model(fields, 1.0, cond, generator=g, routing=routing)
+                benches[variant, "full"]._sync()
+                times.append(time.perf_counter() - t0)
+        call_ms[variant] = 1e3 * statistics.median(times[1:])
+
+    results: dict[str, dict[str, dict[str, float]]] = {}
+    for (variant, part), b in benches.items():
+        r = {"step_ms": 1e3 * statistics.median(b.times), "min_ms": 1e3 * min(b.times), **probes[variant, part]}
+        if part == "full":
+            r["call_ms"] = call_ms[variant]
+        results.setdefault(variant, {})[part] = r
+    for variant in results:
+        for part, r in results[variant].items():
+            dense = results["dense"][part]
+            r["speedup"] = dense["step_ms"] / r["step_ms"]
+            r["speedup_min"] = dense["min_ms"] / r["min_ms"]
+            r["flop_speedup"] = dense["GFLOP"] / r["GFLOP"]
+            r["saved_reduction"] = dense["saved_MiB"] / r["saved_MiB"]
+            if "call_ms" in r:
+                r["call_speedup"] = dense["call_ms"] / r["call_ms"]
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--steps", type=int, default=6, help="timed steps per measurement (median reported)")
+    parser.add_argument("--batch", type=int, default=None, help="default: 1 on cpu, 8 on cuda")
+    parser.add_argument("--dim", type=int, default=256)
+    parser.add_argument("--img", type=int, nargs=2, default=(64, 128), metavar=("H", "W"))
+    parser.add_argument("--threads", type=int, default=None, help="intra-op threads (default: torch's)")
+    parser.add_argument("--json", default=None, help="also write results to this JSON file")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    batch = args.batch or (1 if device.type == "cpu" else 8)
+    img = tuple(args.img)
+    seq = (img[0] // PATCH) * (img[1] // PATCH)
+
+    t0, load0 = time.perf_counter(), os.getloadavg()[0]
+    results = run(device, args.steps, batch, args.dim, img)
+    expected = expected_speedups(seq, args.dim)
+    paper = expected_speedups(PAPER["L"], PAPER["dim"])
+    where = f"{args.device}, {torch.get_num_threads()} threads" if device.type == "cpu" else args.device
+    print(f"L={seq} K={math.floor(KEEP * seq)} D={args.dim} depth={DEPTH} split={SPLIT} r={KEEP} batch={batch} "
+          f"steps={args.steps} ({where}; {time.perf_counter() - t0:.0f} s; load average {load0:.1f} -> "
+          f"{os.getloadavg()[0]:.1f})")
+    print(f"expected block-stack speedup: attention only {expected['attention_only']:.2f}x, "
+          f"FLOP model {expected['flop_model']:.2f}x; at the paper's scale (L={PAPER['L']}, D={PAPER['dim']}): "
+          f"{paper['attention_only']:.2f}x / {paper['flop_model']:.2f}x (paper measured {PAPER['measured']}x)")
+    header = (
+        f"{'variant':8} {'part':6} {'step_ms':>9} {'min_ms':>9} {'speedup':>8} {'min_x':>6} "
+        f"{'GFLOP':>8} {'flop_x':>7} {'saved_MiB':>10} {'mem_x':>6} {'call_ms':>8} {'call_x':>6}"
+    )
+    print(header)
+    print("-" * len(header))
+    for variant, parts in results.items():
+        for part, r in parts.items():
+            call = f"{r['call_ms']:8.1f} {r['call_speedup']:5.2f}x" if "call_ms" in r else f"{'-':>8} {'-':>6}"
+            print(
+                f"{variant:8} {part:6} {r['step_ms']:9.1f} {r['min_ms']:9.1f} "
+                f"{r['speedup']:7.2f}x {r['speedup_min']:5.2f}x "
+                f"{r['GFLOP']:8.1f} {r['flop_speedup']:6.2f}x "
+                f"{r['saved_MiB']:10.1f} {r['saved_reduction']:5.2f}x {call}"
+            )
+    if args.json:
+        config = {"L": seq, "dim": args.dim, "depth": DEPTH, "heads": HEADS, "split": SPLIT, "keep_ratio": KEEP,
+                  "batch": batch, "steps": args.steps, "device": where, "torch": torch.__version__}
+        with open(args.json, "w") as f:
+            json.dump({"config": config, "expected": expected, "expected_paper_scale": paper, "results": results},
+                      f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
