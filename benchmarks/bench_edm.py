@@ -1,8 +1,8 @@
 """Res-Slim-EDM training-step cost: dense vs sparse (asymmetric attention), block stack and full denoiser.
 
-    python benchmarks/bench_edm.py                       # CPU, batch 1, 6 timed steps (~1-2 min, 2 cores)
+    python benchmarks/bench_edm.py                       # CPU, batch 1, 6 timed steps (~4 min, 2 cores)
+    python benchmarks/bench_edm.py --img 32 64 --steps 12  # L=512 (~30 s, 2 cores)
     python benchmarks/bench_edm.py --device cuda --batch 8 --steps 20 --json out.json
-    python benchmarks/bench_edm.py --dim 128 --img 32 64  # smaller
 
 Config (defaults): D=256, depth 8, 4 heads, MLP ratio 4, split (2, 4, 2), r=0.25 (the paper's EDM split and
 ratio, Sec. 4.3), a 64x128 grid with patch 2 -> L=2048 tokens, K=512 routed; 5 variables x 2 history steps
