@@ -11,9 +11,11 @@ coordinates, never from a shared stream:
 so a member's draws do not depend on which other members or inits were computed with it, and a denial run
 (`deny=[...]`) shares every draw with its baseline (common random numbers). With `batch_size=1` each forward
 holds one init's M x N members, so an init forecast alone reproduces them bit for bit; in larger batches the
-values agree to float round-off (the matrix kernels sum in another order for another batch shape). Rows of a batch: (init, i, j) with j fastest; the forecast is written with
-dims (init_time, lead_time, encoder_draw, dropout_draw, latitude, longitude). The decoder is deterministic:
-station forecasts are the decoded ensemble mean.
+values agree to float round-off (the matrix kernels sum in another order for another batch shape).
+
+Rows of a batch: (init, i, j) with j fastest. The forecast is written with dims (init_time, lead_time,
+encoder_draw, dropout_draw, latitude, longitude), or one `member` dim when M or N is 1. The decoder is
+deterministic: station forecasts are the decoded ensemble mean.
 """
 
 from __future__ import annotations
@@ -137,7 +139,10 @@ def run_ensemble(data: E2EData, senc: StochasticEncoder, processor, decoder, anc
 
 
 def nested(forecast, members_m: int, members_n: int):
-    """A `member` dim of M*N (index i*N + j) as (encoder_draw, dropout_draw)."""
+    """A `member` dim of M*N (index i*N + j) as (encoder_draw, dropout_draw); with M or N = 1 the single
+    branch stays a plain `member` dim (a one-entry group dim would have no variance to split)."""
+    if members_m == 1 or members_n == 1:
+        return forecast
     import pandas as pd
     import xarray as xr
 
