@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from wxray.models import (
     GENERATIVE_MODEL_NAMES,
     ResSlimEDM,
+    RowGenerators,
     build_model,
     edm_loss,
     karras_sigmas,
@@ -136,6 +137,24 @@ def test_sampling_with_a_fixed_generator_is_reproducible():
     assert torch.equal(c, d)
     assert not torch.equal(c, a)  # churn draws extra noise
     assert torch.equal(sample_stochastic(model, cond, gen(0), steps=4), a)  # no churn: Algorithm 1
+
+
+def test_with_row_generators_each_member_replays_alone():
+    model = make().eval()
+    _, cond = data()
+    calls = _record_routing(model)
+    kw = dict(steps=3, s_churn=10.0)
+    batched = sample_stochastic(model, cond, RowGenerators.from_seeds([10, 11]), **kw)
+    alone = sample_stochastic(model, cond[1:], RowGenerators.from_seeds([11]), **kw)
+    assert torch.equal(calls[-1][0], calls[0][1])  # member 1's routing, drawn in a batch of 2 or alone
+    assert torch.allclose(batched[1:], alone, rtol=1e-4, atol=1e-4)  # batch-size roundoff only, x_0 ~ 80
+    assert not torch.allclose(batched[:1], alone, atol=1e-2)
+    target, cond = data()
+    lat_w = latitude_weights(torch.linspace(-78.75, 78.75, IMG[0]))
+    one = edm_loss(model, target[1:], cond[1:], lat_w, RowGenerators.from_seeds([11]))
+    both = edm_loss(model, target, cond, lat_w, RowGenerators.from_seeds([10, 11]))
+    zero = edm_loss(model, target[:1], cond[:1], lat_w, RowGenerators.from_seeds([10]))
+    assert torch.allclose(both, (one + zero) / 2, rtol=1e-5)
 
 
 def test_keep_ratio_one_is_the_dense_edm_with_the_same_weights():

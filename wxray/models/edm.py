@@ -17,6 +17,8 @@ random draw per sample); passing the same tensor as `routing=` to every denoiser
 keeps the selection fixed across all denoising steps of each sample (Sec. 3.2, "routing is applied
 identically across all denoising steps"); edm_sampler does exactly this. With routing=None every
 forward draws a fresh selection from `generator` (training). keep_ratio == 1 is the dense EDM.
+Wherever a generator is taken, a blocks.RowGenerators (one generator per batch row) may stand in for it:
+row b's noise, routing and dropout then come from generator b alone (a member replayable on its own).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import torch
 import torch.nn as nn
 from torch import Tensor
 
-from wxray.models.blocks import Dropout
+from wxray.models.blocks import Dropout, RowGenerators, normal
 from wxray.models.edm_blocks import EDMBlock, NoiseEmbedding
 from wxray.models.losses import lat_weighted_mse
 from wxray.models.reslim import CNNSkip, Tokenizer, _init_weights, _validate, default_split
@@ -85,7 +87,7 @@ class HeldRandomSelector(RandomSelector):
         self,
         x: Tensor,
         k: int,
-        generator: torch.Generator | None = None,
+        generator: torch.Generator | RowGenerators | None = None,
         context: RoutingContext | None = None,
     ) -> Tensor:
         held = getattr(context, "indices", None)
@@ -225,7 +227,10 @@ class ResSlimEDM(nn.Module):
         return self.router.num_selected(self.num_tokens) if self.router.sparse else self.num_tokens
 
     def draw_routing(
-        self, batch_size: int, generator: torch.Generator | None = None, device: torch.device | str | None = None
+        self,
+        batch_size: int,
+        generator: torch.Generator | RowGenerators | None = None,
+        device: torch.device | str | None = None,
     ) -> Tensor | None:
         """(B, K) sorted token indices, one independent random selection per sample; None if dense.
 
@@ -257,7 +262,7 @@ class ResSlimEDM(nn.Module):
         x_in: Tensor,
         c_noise: Tensor,
         cond: Tensor,
-        generator: torch.Generator | None = None,
+        generator: torch.Generator | RowGenerators | None = None,
         routing: Tensor | None = None,
     ) -> Tensor:
         """F(c_in y; sigma, c) of Eq. 5, for x_in = c_in y (B, n_out, h, w) and c_noise (B,)."""
@@ -273,7 +278,7 @@ class ResSlimEDM(nn.Module):
         y: Tensor,
         sigma: float | Tensor,
         cond: Tensor,
-        generator: torch.Generator | None = None,
+        generator: torch.Generator | RowGenerators | None = None,
         routing: Tensor | None = None,
     ) -> Tensor:
         B = y.shape[0]
@@ -301,7 +306,7 @@ def edm_loss(
     target: Tensor,
     cond: Tensor,
     lat_weights: Tensor,
-    generator: torch.Generator | None,
+    generator: torch.Generator | RowGenerators | None,
     p_mean: float = -1.2,
     p_std: float = 1.2,
     var_weights: Tensor | None = None,
@@ -321,12 +326,4 @@ def edm_loss(
     denoised = model(y, sigma, cond, generator=generator)
     root = loss_weight(sigma, model.sigma_data).sqrt().view(B, 1, 1, 1)
     return lat_weighted_mse(root * denoised, root * target, lat_weights, var_weights)
-
-
-def normal(
-    shape: tuple[int, ...], generator: torch.Generator | None, device: torch.device, dtype: torch.dtype = torch.float32
-) -> Tensor:
-    """N(0, 1) draws of `shape` from `generator`, drawn on the generator's device and moved to `device`."""
-    draw_device = generator.device if generator is not None else device
-    return torch.randn(shape, generator=generator, device=draw_device, dtype=dtype).to(device)
 

@@ -15,6 +15,8 @@ x_0 = t_0 eps_0. Every draw comes from the explicit `generator` (eps_0, then eps
 order; no draw when gamma_i = 0), so a fixed generator state gives a bit-identical sample. The token
 routing is drawn once per sample before the first step (model.draw_routing, after eps_0) and held for
 all 2N - 1 denoiser calls of that sample's trajectory, unless the caller passes its own `routing`.
+With a RowGenerators (one generator per row) row b's sample depends on generator b only, so an ensemble
+member can be recomputed alone or in another batch.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ import math
 import torch
 from torch import Tensor
 
-from wxray.models.edm import ResSlimEDM, normal
+from wxray.models.blocks import RowGenerators, normal
+from wxray.models.edm import ResSlimEDM
 
 
 def karras_sigmas(steps: int, sigma_min: float = 0.002, sigma_max: float = 80.0, rho: float = 7.0) -> Tensor:
@@ -42,7 +45,7 @@ def karras_sigmas(steps: int, sigma_min: float = 0.002, sigma_max: float = 80.0,
 def sample_stochastic(
     model: ResSlimEDM,
     cond: Tensor,
-    generator: torch.Generator | None,
+    generator: torch.Generator | RowGenerators | None,
     steps: int = 18,
     sigma_min: float = 0.002,
     sigma_max: float = 80.0,
@@ -87,7 +90,7 @@ def sample_stochastic(
 def sample_heun(
     model: ResSlimEDM,
     cond: Tensor,
-    generator: torch.Generator | None,
+    generator: torch.Generator | RowGenerators | None,
     steps: int = 18,
     sigma_min: float = 0.002,
     sigma_max: float = 80.0,
