@@ -9,7 +9,6 @@ epochs carrying model, optimiser, schedule position and RNG state, resume from t
 
 from __future__ import annotations
 
-import tempfile
 import time
 from typing import Any
 
@@ -26,7 +25,15 @@ from wxray.platform.e2e_config import TrainE2EConfig
 from wxray.platform.e2e_data import E2EData
 from wxray.platform.e2e_models import build_stage_model, decode_stations, next_state, obs_of, stage_loss
 from wxray.platform.reporting import Reporter
-from wxray.platform.trainer_loop import _get_state, _set_state, epoch_generator, lockstep_batches, lr_factor
+from wxray.platform.trainer_loop import (
+    _set_state,
+    epoch_batches,
+    epoch_generator,
+    lockstep_batches,
+    lr_factor,
+    report_epoch,
+    sample_schedule,
+)
 
 
 def shard(model: torch.nn.Module) -> None:
@@ -133,13 +140,7 @@ def train_fn_per_worker(config: dict[str, Any]) -> None:
         model = torch.nn.parallel.DistributedDataParallel(model)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.optim.lr,
                             weight_decay=cfg.optim.weight_decay, betas=tuple(cfg.optim.betas))
-    per_epoch = config["n_train"]
-    if cfg.train.max_steps_per_epoch:
-        per_epoch = min(per_epoch, cfg.train.max_steps_per_epoch * world * cfg.data.batch_size)
-    total = cfg.train.epochs * max(1, per_epoch)
-    warmup = (round(cfg.optim.warmup_epochs * max(1, per_epoch)) if cfg.optim.warmup_epochs
-              else cfg.optim.warmup_steps * world * cfg.data.batch_size)
-    peak_lr = cfg.optim.lr * world ** cfg.optim.lr_scaling
+    total, warmup, peak_lr = sample_schedule(cfg, config["n_train"], world)
 
     start_epoch, step, seen = 0, 0, 0
     resume = ray.train.get_checkpoint()
@@ -163,9 +164,7 @@ def train_fn_per_worker(config: dict[str, Any]) -> None:
         gen = epoch_generator(cfg.train.seed, epoch, rank)
         model.train()
         t_epoch, n_samples, losses = time.perf_counter(), 0, []
-        batches = train_shard.iter_torch_batches(batch_size=cfg.data.batch_size, device=device,
-                                                 local_shuffle_buffer_size=4 * cfg.data.batch_size,
-                                                 local_shuffle_seed=cfg.train.seed + epoch)
+        batches = epoch_batches(train_shard, cfg, device, epoch)
         for i, (batch, w, n_global) in enumerate(lockstep_batches(batches, dummy, device, world)):
             if cfg.train.max_steps_per_epoch and i >= cfg.train.max_steps_per_epoch:
                 break
@@ -200,18 +199,6 @@ def train_fn_per_worker(config: dict[str, Any]) -> None:
             val = f", val loss {metrics['val/loss']:.4f}" if "val/loss" in metrics else ""
             reporter.say(f"{config.get('label', cfg.stage)} epoch {epoch + 1}/{cfg.train.epochs}: step {step}, "
                          f"train loss {metrics['train/epoch_loss']:.4f}{val}")
-        if (epoch + 1) % cfg.train.checkpoint_every == 0 or epoch == cfg.train.epochs - 1:
-            model_sd, opt_sd = _get_state(model, opt)
-            with tempfile.TemporaryDirectory() as tmp:
-                ckpt = None
-                if rank == 0:
-                    state = {"model": model_sd, "optimizer": opt_sd, "samples_seen": seen,
-                             "next_epoch": epoch + 1, "step": step, "torch_rng": torch.get_rng_state()}
-                    checkpoints.save(tmp, state, {"model": config["identity"], "epoch": epoch + 1, "step": step,
-                                                  "data": {**config["cfg"]["data"], "store": data.spec.store},
-                                                  checkpoints.NORMALISATION:
-                                                      checkpoints.normalisation_meta(data.spec)})
-                    ckpt = ray.train.Checkpoint.from_directory(tmp)
-                reporter.report(metrics, step, checkpoint=ckpt)
-        else:
-            reporter.report(metrics, step)
+        report_epoch(reporter, model, opt, metrics, rank, cfg, epoch, step, seen,
+                     {"model": config["identity"], "data": {**config["cfg"]["data"], "store": data.spec.store},
+                      checkpoints.NORMALISATION: checkpoints.normalisation_meta(data.spec)})

@@ -77,6 +77,48 @@ def lr_factor(step: int, warmup: int, total: int, min_ratio: float) -> float:
     return float(min_ratio + (1 - min_ratio) * 0.5 * (1 + np.cos(np.pi * progress)))  # plain float: weights_only
 
 
+def sample_schedule(cfg, n_train: int, world: int) -> tuple[int, int, float]:
+    """(total, warmup, peak LR) of the LR schedule, counted in windows seen by all workers together.
+
+    On windows, not steps: shard sizes, and so step counts, vary with Ray's block assignment, the number of
+    windows per epoch does not. `cfg` has `train`, `optim` and `data.batch_size` (every training job's config).
+    """
+    per_epoch = n_train
+    if cfg.train.max_steps_per_epoch:
+        per_epoch = min(per_epoch, cfg.train.max_steps_per_epoch * world * cfg.data.batch_size)
+    total = cfg.train.epochs * max(1, per_epoch)
+    warmup = (round(cfg.optim.warmup_epochs * max(1, per_epoch)) if cfg.optim.warmup_epochs
+              else cfg.optim.warmup_steps * world * cfg.data.batch_size)
+    return total, warmup, cfg.optim.lr * world ** cfg.optim.lr_scaling  # the paper: 5e-4 x (accelerators)^0.8
+
+
+def epoch_batches(shard, cfg, device, epoch: int):
+    """One epoch of a worker's shard, locally shuffled with a seed of (seed, epoch)."""
+    return shard.iter_torch_batches(batch_size=cfg.data.batch_size, device=device,
+                                    local_shuffle_buffer_size=4 * cfg.data.batch_size,
+                                    local_shuffle_seed=cfg.train.seed + epoch)
+
+
+def report_epoch(reporter: Reporter, model, opt, metrics: dict, rank: int, cfg, epoch: int, step: int, seen: int,
+                 meta: dict) -> None:
+    """The per-epoch report, with a checkpoint (rank 0 writes it; every rank takes part in gathering the
+    state) every `checkpoint_every` epochs and after the last."""
+    import ray.train
+
+    if (epoch + 1) % cfg.train.checkpoint_every and epoch != cfg.train.epochs - 1:
+        reporter.report(metrics, step)
+        return
+    model_sd, opt_sd = _get_state(model, opt)
+    with tempfile.TemporaryDirectory() as tmp:
+        ckpt = None
+        if rank == 0:
+            state = {"model": model_sd, "optimizer": opt_sd, "samples_seen": seen,
+                     "next_epoch": epoch + 1, "step": step, "torch_rng": torch.get_rng_state()}
+            checkpoints.save(tmp, state, {**meta, "epoch": epoch + 1, "step": step})
+            ckpt = ray.train.Checkpoint.from_directory(tmp)
+        reporter.report(metrics, step, checkpoint=ckpt)
+
+
 def _shard(model: torch.nn.Module) -> None:
     from torch.distributed.fsdp import fully_shard
 
@@ -166,15 +208,7 @@ def train_fn_per_worker(config: dict[str, Any]) -> None:
         model = torch.nn.parallel.DistributedDataParallel(model)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay,
                             betas=tuple(cfg.optim.betas))
-    # The schedule runs on windows seen (all workers together), not on steps: shard sizes, and so step
-    # counts, vary with Ray's block assignment, the number of windows per epoch does not.
-    per_epoch = config["n_train"]
-    if cfg.train.max_steps_per_epoch:
-        per_epoch = min(per_epoch, cfg.train.max_steps_per_epoch * world * cfg.data.batch_size)
-    total_samples = cfg.train.epochs * max(1, per_epoch)
-    warmup_samples = (round(cfg.optim.warmup_epochs * max(1, per_epoch)) if cfg.optim.warmup_epochs
-                      else cfg.optim.warmup_steps * world * cfg.data.batch_size)
-    peak_lr = cfg.optim.lr * world ** cfg.optim.lr_scaling  # the paper: 5e-4 x (accelerators)^0.8
+    total_samples, warmup_samples, peak_lr = sample_schedule(cfg, config["n_train"], world)
 
     def set_lr(seen: int) -> float:
         lr = peak_lr * lr_factor(seen, warmup_samples, total_samples, cfg.optim.min_lr_ratio)
@@ -213,9 +247,7 @@ def train_fn_per_worker(config: dict[str, Any]) -> None:
         model.train()
         acc.reset_peak_memory(device)
         t_epoch, n_samples, losses = time.perf_counter(), 0, []
-        batches = train_shard.iter_torch_batches(batch_size=cfg.data.batch_size, device=device,
-                                                 local_shuffle_buffer_size=4 * cfg.data.batch_size,
-                                                 local_shuffle_seed=cfg.train.seed + epoch)
+        batches = epoch_batches(train_shard, cfg, device, epoch)
         for i, (batch, w, n_global) in enumerate(lockstep_batches(batches, dummy, device, world)):
             if cfg.train.max_steps_per_epoch and i >= cfg.train.max_steps_per_epoch:
                 break
@@ -266,18 +298,6 @@ def train_fn_per_worker(config: dict[str, Any]) -> None:
             reporter.say(f"epoch {epoch + 1}/{cfg.train.epochs}: step {step}, "
                          f"train loss {metrics['train/epoch_loss']:.4f}{val}, "
                          f"{metrics['train/epoch_samples_per_s_per_worker']:.1f} samples/s/worker")
-        last = epoch == cfg.train.epochs - 1
-        if (epoch + 1) % cfg.train.checkpoint_every == 0 or last:
-            model_sd, opt_sd = _get_state(model, opt)
-            with tempfile.TemporaryDirectory() as tmp:
-                ckpt = None
-                if rank == 0:
-                    state = {"model": model_sd, "optimizer": opt_sd, "samples_seen": seen,
-                             "next_epoch": epoch + 1, "step": step, "torch_rng": torch.get_rng_state()}
-                    checkpoints.save(tmp, state, {"model": config["model_identity"], "epoch": epoch + 1, "step": step,
-                                                  "data": {**config["cfg"]["data"], "store": spec.store},
-                                                  checkpoints.NORMALISATION: checkpoints.normalisation_meta(spec)})
-                    ckpt = ray.train.Checkpoint.from_directory(tmp)
-                reporter.report(metrics, step, checkpoint=ckpt)
-        else:
-            reporter.report(metrics, step)
+        report_epoch(reporter, model, opt, metrics, rank, cfg, epoch, step, seen,
+                     {"model": config["model_identity"], "data": {**config["cfg"]["data"], "store": spec.store},
+                      checkpoints.NORMALISATION: checkpoints.normalisation_meta(spec)})
