@@ -11,7 +11,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from wxray.config import to_dict
+from wxray.config import from_dict, load_yaml, to_dict
 from wxray.errors import CheckpointError, ConfigError, DataError
 from wxray.job import JobContext, say
 from wxray.platform import accelerators as acc
@@ -36,6 +36,20 @@ def stage_checkpoint(cfg: TrainE2EConfig, stage: str, needed_by: str) -> Path:
         raise CheckpointError(f"stage {needed_by} needs the {stage} stage first: no checkpoint under {d} "
                               f"(run jobs/train_e2e.py stage={stage} run_name={name})")
     return last
+
+
+def trained_stage(stages: Path, name: str) -> tuple[Path, TrainE2EConfig] | None:
+    """(newest checkpoint, training config) of stage `name` under `stages`, None if it never checkpointed."""
+    run = Path(stages) / name
+    last = checkpoints.latest(run / "ray")
+    if last is None:
+        return None
+    if not (run / "config.yaml").is_file():
+        raise CheckpointError(f"stage {run}: config.yaml is missing (it records how the stage was trained)")
+    try:
+        return last, from_dict(TrainE2EConfig, load_yaml(run / "config.yaml"))
+    except ConfigError as e:
+        raise CheckpointError(f"stage {run}: its config.yaml does not load here ({e})") from None
 
 
 def processor_config(cfg: TrainE2EConfig) -> TrainSparseConfig:

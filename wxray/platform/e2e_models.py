@@ -14,8 +14,10 @@ processor can correct in one step, and the analysis stops being one.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -168,3 +170,31 @@ def decode_stations(model: nn.Module, batch: dict[str, torch.Tensor], data: E2ED
     state = batch["x"][:, :len(data.spec.inputs)] if state is None else state
     pred = model(state, batch[f"obs.{s}.coords"], station_features(data, batch.get(f"obs.{s}.altitude")))
     return pred, batch[f"obs.{s}.values"][..., chans], batch[f"obs.{s}.mask"][..., chans]
+
+
+@dataclass
+class StationSet:
+    """Fixed stations decoded at every lead of a forecast: positions (S, 2), heights (S,) or None, and the
+    station stream's normalisation of the decoder's variables."""
+
+    coords: torch.Tensor
+    altitude: torch.Tensor | None
+    mean: torch.Tensor
+    std: torch.Tensor
+
+    @classmethod
+    def of(cls, data: E2EData, table) -> StationSet:
+        """From a table with columns station, latitude, longitude[, altitude] (NaN height = unknown = 0)."""
+        s = next(s for s in data.obs.streams if s.name == data.station_stream)
+        alt = (torch.tensor(np.nan_to_num(table["altitude"].to_numpy(np.float32))) if data.station_altitude
+               else None)
+        return cls(torch.tensor(table[["latitude", "longitude"]].to_numpy(np.float32)), alt,
+                   torch.tensor([s.mean[v] for v in data.station_variables]),
+                   torch.tensor([s.std[v] for v in data.station_variables]))
+
+    def decode(self, decoder: nn.Module, z: torch.Tensor, data: E2EData) -> torch.Tensor:
+        """Physical station values (rows, S, V) on the CPU for states z (rows, C, h, w)."""
+        rows = z.shape[0]
+        alt = None if self.altitude is None else self.altitude[None].expand(rows, -1).to(z.device)
+        out = decoder(z, self.coords[None].expand(rows, -1, -1).to(z.device), station_features(data, alt))
+        return out.cpu() * self.std + self.mean

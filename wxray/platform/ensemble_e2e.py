@@ -33,7 +33,7 @@ from wxray.platform import checkpoints
 from wxray.platform.e2e_config import TrainE2EConfig
 from wxray.platform.e2e_data import E2EData, E2EReader
 from wxray.platform.e2e_eval import physical
-from wxray.platform.e2e_models import build_encoder, next_state, obs_of, processor_input, station_features
+from wxray.platform.e2e_models import StationSet, build_encoder, next_state, obs_of, processor_input
 from wxray.platform.trainer_loop import build_forecaster
 
 ENCODER_SOURCE, DROPOUT_SOURCE = 1, 2
@@ -105,15 +105,10 @@ def run_ensemble(data: E2EData, senc: StochasticEncoder, processor, decoder, anc
     else:
         processor.eval()
     processor.to(device)
-    st = None
+    st, at = None, None
     if stations is not None and decoder is not None:
         decoder.eval().to(device)
-        s = next(s for s in data.obs.streams if s.name == data.station_stream)
-        mean = torch.tensor([s.mean[v] for v in data.station_variables])
-        std = torch.tensor([s.std[v] for v in data.station_variables])
-        coords = torch.tensor(stations[["latitude", "longitude"]].to_numpy(np.float32))
-        alt = (torch.tensor(np.nan_to_num(stations["altitude"].to_numpy(np.float32)))
-               if data.station_altitude else None)
+        at = StationSet.of(data, stations)
         st = np.zeros((len(anchors), steps + 1, len(stations), len(data.station_variables)), np.float32)
     for a in range(0, len(anchors), batch_size):
         rows = slice(a, a + batch_size)
@@ -131,10 +126,7 @@ def run_ensemble(data: E2EData, senc: StochasticEncoder, processor, decoder, anc
                 z = next_state(spec, z, processor(processor_input(z, x, n), generator=masks))
             out[rows, :, k] = physical(spec, z.cpu()).numpy().reshape(-1, mn, n, *spec.kept_grid)
             if st is not None:
-                pts = coords[None].expand(z.shape[0], -1, -1).to(device)
-                feats = station_features(data, None if alt is None else alt[None].expand(z.shape[0], -1).to(device))
-                dec = (decoder(z, pts, feats).cpu() * std + mean).reshape(-1, mn, len(stations), len(std))
-                st[rows, k] = dec.mean(1).numpy()
+                st[rows, k] = at.decode(decoder, z, data).reshape(-1, mn, *st.shape[2:]).mean(1).numpy()
     return out, st
 
 

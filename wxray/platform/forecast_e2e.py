@@ -27,24 +27,25 @@ import numpy as np
 import pandas as pd
 import torch
 
-from wxray.config import InPath, PosInt, Range, Seed, from_dict, load_yaml
+from wxray.config import InPath, PosInt, Range, Seed
 from wxray.data.schema import TIME, open_climatology, open_store
 from wxray.errors import CheckpointError, ConfigError, DataError
 from wxray.io import atomic_path
 from wxray.job import JobConfig, JobContext, say
 from wxray.platform import checkpoints
 from wxray.platform.checkpoint_forecast import load_forecaster
+from wxray.platform.e2e import trained_stage
 from wxray.platform.e2e_config import TrainE2EConfig
 from wxray.platform.e2e_data import E2EData, E2EReader, prepare_e2e
 from wxray.platform.e2e_eval import physical
 from wxray.platform.e2e_models import (
+    StationSet,
     build_decoder,
     build_encoder,
     next_state,
     obs_of,
     processor_input,
     stage_identity,
-    station_features,
 )
 from wxray.platform.ensemble_e2e import describe, load_stochastic, nested, run_ensemble
 from wxray.platform.forecast import resolve_device
@@ -81,24 +82,11 @@ class ForecastE2EConfig(JobConfig):
         resolve_device(self.device)
 
 
-def _stage(stages: Path, name: str) -> tuple[Path, TrainE2EConfig] | None:
-    run = stages / name
-    last = checkpoints.latest(run / "ray")
-    if last is None:
-        return None
-    if not (run / "config.yaml").is_file():
-        raise CheckpointError(f"stage {run}: config.yaml is missing (it records how the stage was trained)")
-    try:
-        return last, from_dict(TrainE2EConfig, load_yaml(run / "config.yaml"))
-    except ConfigError as e:
-        raise CheckpointError(f"stage {run}: its config.yaml does not load here ({e})") from None
-
-
 def load_chain(cfg: ForecastE2EConfig) -> tuple[TrainE2EConfig, E2EData, torch.nn.Module, torch.nn.Module,
                                                 torch.nn.Module | None, dict[str, str]]:
     """The training config, the data (store and streams overridable), encoder, processor and decoder."""
     stages = Path(cfg.stages)
-    chain, enc, proc, dec = (_stage(stages, s) for s in ("chain", "encoder", "processor", "decoder"))
+    chain, enc, proc, dec = (trained_stage(stages, s) for s in ("chain", "encoder", "processor", "decoder"))
     if chain is None and (enc is None or proc is None):
         raise CheckpointError(f"stages {stages}: no chain stage and no encoder + processor stages to forecast with "
                               "(run jobs/train_e2e.py stage=encoder, stage=processor, ...)")
@@ -174,14 +162,9 @@ def run_forecast(data: E2EData, encoder, processor, decoder, anchors: np.ndarray
     reader = E2EReader(data.spec, data.obs)
     out = np.zeros((len(anchors), steps + 1, n, *spec.kept_grid), np.float32)
     stations = station_table(data) if decoder is not None else None
-    st = None
+    st, at = None, None
     if stations is not None:
-        s = next(s for s in data.obs.streams if s.name == data.station_stream)
-        mean = torch.tensor([s.mean[v] for v in data.station_variables])
-        std = torch.tensor([s.std[v] for v in data.station_variables])
-        coords = torch.tensor(stations[["latitude", "longitude"]].to_numpy(np.float32))
-        alt = (torch.tensor(np.nan_to_num(stations["altitude"].to_numpy(np.float32)))
-               if data.station_altitude else None)
+        at = StationSet.of(data, stations)
         st = np.zeros((len(anchors), steps + 1, len(stations), len(data.station_variables)), np.float32)
     for m in (encoder, processor, decoder):
         if m is not None:
@@ -195,9 +178,7 @@ def run_forecast(data: E2EData, encoder, processor, decoder, anchors: np.ndarray
                 z = next_state(spec, z, processor(processor_input(z, b["x"], n)))
             out[rows, k] = physical(spec, z.cpu()).numpy()
             if st is not None:
-                pts = coords[None].expand(z.shape[0], -1, -1).to(device)
-                feats = station_features(data, None if alt is None else alt[None].expand(z.shape[0], -1).to(device))
-                st[rows, k] = (decoder(z, pts, feats).cpu() * std + mean).numpy()
+                st[rows, k] = at.decode(decoder, z, data).numpy()
     return out, (None if st is None else (stations, st))
 
 

@@ -24,7 +24,7 @@ from typing import Annotated, Any, Literal
 import torch
 from torch import nn
 
-from wxray.config import Fraction, InPath, NonNegInt, PosInt, Range, from_dict, load_yaml, to_dict
+from wxray.config import Fraction, InPath, NonNegInt, PosInt, Range, to_dict
 from wxray.errors import CheckpointError, ConfigError
 from wxray.job import JobConfig, JobContext, say
 from wxray.models import StochasticEncoder, fair_crps_loss, set_dropout, split_members, tile_members
@@ -83,13 +83,12 @@ class StochasticRun(TrainE2EConfig):
 
 def deterministic_config(stages: Path) -> tuple[TrainE2EConfig, str]:
     """The chain's (else the encoder stage's) training config and which stage it is."""
+    from wxray.platform.e2e import trained_stage
+
     for name in ("chain", "encoder"):
-        f = stages / name / "config.yaml"
-        if f.is_file() and checkpoints.latest(stages / name / "ray") is not None:
-            try:
-                return from_dict(TrainE2EConfig, load_yaml(f)), name
-            except ConfigError as e:
-                raise CheckpointError(f"stage {stages / name}: its config.yaml does not load here ({e})") from None
+        found = trained_stage(stages, name)
+        if found is not None:
+            return found[1], name
     raise CheckpointError(f"stages {stages}: no trained chain or encoder stage to uplift (run jobs/train_e2e.py "
                           "stage=encoder, processor, decoder, chain first)")
 
