@@ -68,3 +68,13 @@ def small_obs(small_store, tmp_path_factory):
 
     out = tmp_path_factory.mktemp("obs_dir") / "obs"
     return make_sample_obs(small_store, out, seed=0)
+
+
+@pytest.fixture(scope="session")
+def wave_store(tmp_path_factory):
+    """Learnable travelling waves on an 8x16 grid, one level: the training and sweep tests' store."""
+    from tests.platform.conftest import write_tiny_store
+
+    path = tmp_path_factory.mktemp("store") / "waves.zarr"
+    write_tiny_store(path, n_traj=4, steps=20, grid=(8, 16), levels=(500,))
+    return path

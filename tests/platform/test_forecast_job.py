@@ -15,6 +15,7 @@ from tests.platform.conftest import write_tiny_store
 from wxray.config import dump_yaml, to_dict
 from wxray.data.schema import open_stats, open_store
 from wxray.job import JobContext, run_job
+from wxray.models import EDMForecaster
 from wxray.platform import checkpoints
 from wxray.platform.datasets import DataConfig, WindowData
 from wxray.platform.evaluation import evaluate_checkpoint
@@ -112,6 +113,34 @@ def test_routing_members_forecast_recomputes_alone_and_evaluates(store, tmp_path
     assert any(k.startswith("ssr.geopotential_500") for k in card), card
 
 
+def test_edm_members_are_samples_that_recompute_alone_and_evaluate(store, tmp_path, capsys):
+    """A generative checkpoint: member m of an init is one EDM sample from its (seed, init, m) generator,
+    fed back as history at the next lead; jobs/evaluate.py scores the ensemble (CRPS, spread-skill)."""
+    ckpt, model, spec = _save_checkpoint(tmp_path / "ckpt", store, "pad", name="edm")
+    out = tmp_path / "fc"
+    rc, res, err = _run(capsys, "forecast", ForecastConfig, forecast,
+                        [f"checkpoint={ckpt}", f"out_dir={out}", "tracking.enabled=false", "members=3", "steps=2",
+                         f"inits={TRAJECTORY_1}", "seed=5", "sampler.steps=3", "sampler.sigma_max=10"])
+    assert rc == 0, err
+    assert res["members"] == 3 and res["grid"] == "9x16" and res["rollout"]["scored"] == "ensemble mean"
+    fc = xr.open_zarr(res["forecast"])
+    z = fc.geopotential.sel(level=500).values  # (init, lead, member, lat, lon)
+    assert np.isfinite(z).all() and not np.array_equal(z[:, :, 0], z[:, :, 1])
+    truth = open_store(store)
+    anchor = int(np.flatnonzero(truth.time.values == fc.init_time.values[4])[0])
+    sampler = EDMForecaster(model, steps=3, sigma_max=10.0)
+    alone = rollout(sampler, spec, np.array([anchor]), steps=2, seed=5, members=[2])
+    assert np.array_equal(alone[0, 0, :, 0], z[4, :, 2])
+    other_seed = rollout(sampler, spec, np.array([anchor]), steps=2, seed=6, members=[2])
+    assert not np.array_equal(other_seed, alone)
+
+    rc, card, err = _run(capsys, "evaluate", EvaluateConfig, evaluate,
+                         [f"forecast={res['forecast']}", f"truth={store}", "plots=false",
+                          f"out_dir={tmp_path / 'ev'}", "tracking.enabled=false"])
+    assert rc == 0, err
+    assert card["n_members"] == 3 and any(k.startswith("ssr.geopotential_500") for k in card), card
+
+
 def test_run_directory_with_config_yaml_and_padded_grid(store, tmp_path, capsys):
     run = tmp_path / "run"
     _save_checkpoint(run / "ray" / "train" / "checkpoint_000000", store, "pad", data_in_meta=False)
@@ -153,6 +182,7 @@ def test_checkpoint_from_before_pos_embed_forecasts_with_the_fixed_table(store, 
     ("outside", "no init in store"),
     ("fixed_routing", "draws no random routing"),
     ("bad_range", "inits must be 'start/end' dates"),
+    ("two_names", "members=2 and routing_members=3 disagree"),
 ])
 def test_bad_forecast_input_is_one_line(store, tmp_path, capsys, what, needle):
     ckpt, _, _ = _save_checkpoint(tmp_path / "ckpt", store, deterministic_eval=what == "fixed_routing")
@@ -161,7 +191,8 @@ def test_bad_forecast_input_is_one_line(store, tmp_path, capsys, what, needle):
             "empty": [f"checkpoint={tmp_path / 'empty'}"],
             "outside": [f"checkpoint={ckpt}", "inits=1999-01-01/1999-02-01"],
             "fixed_routing": [f"checkpoint={ckpt}", "routing_members=2", f"inits={TRAJECTORY_1}"],
-            "bad_range": [f"checkpoint={ckpt}", "inits=2000-01-01"]}[what]
+            "bad_range": [f"checkpoint={ckpt}", "inits=2000-01-01"],
+            "two_names": [f"checkpoint={ckpt}", "members=2", "routing_members=3"]}[what]
     out = tmp_path / "out"
     rc, res, err = _run(capsys, "forecast", ForecastConfig, forecast,
                         [*argv, f"out_dir={out}", "tracking.enabled=false"])

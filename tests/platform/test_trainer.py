@@ -23,13 +23,6 @@ SMALL = ["data.generate_sample=false", "model.embed_dim=32", "model.depth=4", "m
          "train.rollout_steps=2"]
 
 
-@pytest.fixture(scope="module")
-def wave_store(tmp_path_factory):
-    path = tmp_path_factory.mktemp("store") / "waves.zarr"
-    write_tiny_store(path, n_traj=4, steps=20, grid=(8, 16), levels=(500,))
-    return path
-
-
 def _run(capsys, store, tmp_path, *extra):
     argv = [f"data.store={store}", f"tracking.uri=sqlite:///{tmp_path}/mlflow.db", *SMALL, *extra]
     rc = run_job("train_sparse", TrainSparseConfig, train_sparse, argv)
@@ -118,6 +111,8 @@ def _checkpoint_dir(tmp_path, meta: dict | None, state) -> str:
      "data.train_range and data.val_range overlap"),
     (["train.epochs=many"], "'train.epochs' expects int"),
     (["data.store="], "config key 'data.store' is empty; expected the path of a zarr store"),
+    (["model.name=edm", "model.selection=laplacian"], "model.selection must be random, got laplacian"),
+    (["model.name=edm", "sampler.sigma_min=100"], "sampler.sigma_min=100.0 must not exceed sampler.sigma_max"),
 ])
 def test_bad_training_input_is_one_line(ray_session, wave_store, tmp_path, capsys, extra, needle):
     out = tmp_path / "bad"

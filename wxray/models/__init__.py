@@ -6,7 +6,8 @@ y = model(x, generator=torch.Generator().manual_seed(0))
 
 Generative (GENERATIVE_MODEL_NAMES): build_model("edm", <same kwargs>, sigma_data=1.0) -> ResSlimEDM, a denoiser
 called as model(y_noisy, sigma, cond, generator=g, routing=None); train with edm_loss, sample with
-sample_heun / sample_stochastic (wxray.models.edm, wxray.models.edm_sampler).
+sample_heun / sample_stochastic, or call EDMForecaster(denoiser)(x, generator=g) as a forecaster
+(wxray.models.edm, wxray.models.edm_sampler).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from wxray.models.edm import (
     precond,
 )
 from wxray.models.edm_blocks import CrossAttention, EDMBlock, NoiseEmbedding
-from wxray.models.edm_sampler import karras_sigmas, sample_heun, sample_stochastic
+from wxray.models.edm_sampler import SAMPLERS, EDMForecaster, karras_sigmas, sample_heun, sample_stochastic
 from wxray.models.film import FiLMConditioning, FiLMLayerNorm, condition_layernorms
 from wxray.models.losses import (
     fair_crps,
@@ -111,6 +112,7 @@ __all__ = [
     "MLP",
     "MODEL_NAMES",
     "NOISE_MODES",
+    "SAMPLERS",
     "SELECTIONS",
     "ActivationNormSelector",
     "Attention",
@@ -122,6 +124,7 @@ __all__ = [
     "DropPath",
     "Dropout",
     "EDMBlock",
+    "EDMForecaster",
     "FiLMConditioning",
     "FiLMLayerNorm",
     "GradientSelector",

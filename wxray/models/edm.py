@@ -23,7 +23,7 @@ row b's noise, routing and dropout then come from generator b alone (a member re
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -310,6 +310,7 @@ def edm_loss(
     p_mean: float = -1.2,
     p_std: float = 1.2,
     var_weights: Tensor | None = None,
+    crop: Callable[[Tensor], Tensor] | None = None,
 ) -> Tensor:
     """Eq. 6: mean_b lambda(sigma_b) ||D(Y_b + sigma_b n_b; sigma_b, c_b) - Y_b||^2_lat, a scalar.
 
@@ -317,13 +318,19 @@ def edm_loss(
     ||.||^2_lat is Eq. 3's latitude-weighted MSE (losses.lat_weighted_mse, optional var_weights), applied to
     sqrt(lambda_b) (D_b - Y_b) so each sample carries its own weight. Draws, in this order, from
     `generator`: ln sigma (B,), n (B, V, h, w), then the model's own (routing, dropout). `model` may be
-    wrapped (FSDP2 keeps its attributes); sigma_data is read from it.
+    wrapped (FSDP2 keeps its attributes, DDP's `.module` has them); sigma_data is read from it. `crop`
+    maps the model grid to the scored region (e.g. cut padded rows and columns) before the mean;
+    `lat_weights` then weights that region's rows.
     """
     B = target.shape[0]
     sigma = (p_mean + p_std * normal((B,), generator, target.device)).exp()
     noise = normal(tuple(target.shape), generator, target.device, target.dtype)
     y = target + sigma.view(B, 1, 1, 1) * noise
-    denoised = model(y, sigma, cond, generator=generator)
-    root = loss_weight(sigma, model.sigma_data).sqrt().view(B, 1, 1, 1)
-    return lat_weighted_mse(root * denoised, root * target, lat_weights, var_weights)
+    denoised = model(y, sigma, cond, generator=generator).float()  # the loss in fp32 under bf16 autocast
+    sigma_data = getattr(model, "module", model).sigma_data
+    root = loss_weight(sigma, sigma_data).sqrt().view(B, 1, 1, 1)
+    pred, truth = root * denoised, root * target
+    if crop is not None:
+        pred, truth = crop(pred), crop(truth)
+    return lat_weighted_mse(pred, truth, lat_weights, var_weights)
 

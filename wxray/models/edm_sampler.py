@@ -17,6 +17,10 @@ routing is drawn once per sample before the first step (model.draw_routing, afte
 all 2N - 1 denoiser calls of that sample's trajectory, unless the caller passes its own `routing`.
 With a RowGenerators (one generator per row) row b's sample depends on generator b only, so an ensemble
 member can be recomputed alone or in another batch.
+
+`EDMForecaster` wraps a trained denoiser with its sampler settings so that it is called as a
+forecaster is, forecaster(x, generator=g) -> one sample per row: rollouts and validation need no
+generative special case beyond passing per-row generators.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from __future__ import annotations
 import math
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from wxray.models.blocks import RowGenerators, normal
 from wxray.models.edm import ResSlimEDM
@@ -99,3 +103,38 @@ def sample_heun(
 ) -> Tensor:
     """EDM Algorithm 1 (deterministic Heun, 2N - 1 denoiser calls): the generator draws x_0 and the routing only."""
     return sample_stochastic(model, cond, generator, steps, sigma_min, sigma_max, rho, routing=routing)
+
+
+SAMPLERS = ("heun", "stochastic")
+
+
+class EDMForecaster(nn.Module):
+    """A denoiser as a forecaster: forward(x, generator=None) -> one sample (B, n_out, h, w) per row of x.
+
+    x is the conditioning (the history frames and constants, laid out as ResSlimViT's input); the sample is
+    a draw of the target the denoiser was trained on. sampler="heun" is Algorithm 1 (s_churn etc. unused),
+    "stochastic" Algorithm 2. The denoiser is switched to eval mode on every call: a sample never uses
+    dropout or drop path. Draws as `sample_stochastic`'s, from `generator` (a RowGenerators for members).
+    """
+
+    generative = True
+
+    def __init__(self, denoiser: ResSlimEDM, sampler: str = "heun", steps: int = 18, sigma_min: float = 0.002,
+                 sigma_max: float = 80.0, rho: float = 7.0, s_churn: float = 0.0, s_min: float = 0.0,
+                 s_max: float = math.inf, s_noise: float = 1.0):
+        super().__init__()
+        if sampler not in SAMPLERS:
+            raise ValueError(f"sampler must be one of {SAMPLERS}, got {sampler!r}")
+        karras_sigmas(steps, sigma_min, sigma_max, rho)  # checks the schedule's arguments
+        self.denoiser = denoiser
+        self.settings = dict(steps=steps, sigma_min=sigma_min, sigma_max=sigma_max, rho=rho)
+        if sampler == "stochastic":
+            self.settings.update(s_churn=s_churn, s_min=s_min, s_max=s_max, s_noise=s_noise)
+
+    def forward(self, x: Tensor, generator: torch.Generator | RowGenerators | None = None) -> Tensor:
+        was_training = self.denoiser.training
+        self.denoiser.eval()
+        try:
+            return sample_stochastic(self.denoiser, x, generator, **self.settings)
+        finally:
+            self.denoiser.train(was_training)

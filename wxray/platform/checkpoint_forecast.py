@@ -26,22 +26,23 @@ from wxray.errors import ConfigError
 from wxray.platform import checkpoints
 from wxray.platform.rollout import INIT, rollout, rollout_anchors, to_forecast_dataset, write_forecast
 from wxray.platform.rollout_scores import log_report, rollout_report
-from wxray.platform.train_config import ModelConfig
-from wxray.platform.trainer_loop import build_forecaster, model_identity
+from wxray.platform.train_config import ModelConfig, SamplerConfig
+from wxray.platform.trainer_loop import as_forecaster, build_forecaster, model_identity
 from wxray.platform.windows import WindowSpec
 
 
-def load_forecaster(ckpt: str | Path, model_cfg: ModelConfig, spec: WindowSpec) -> torch.nn.Module:
+def load_forecaster(ckpt: str | Path, model_cfg: ModelConfig, spec: WindowSpec,
+                    sampler: SamplerConfig | None = None) -> torch.nn.Module:
     """The forecaster of `model_cfg` on `spec` with the weights of checkpoint `ckpt`, which must have been
     trained with that model and those channels (CheckpointError otherwise; ConfigError for a model that
-    cannot be built on this grid)."""
+    cannot be built on this grid). A generative model comes wrapped with `sampler` (default settings if None)."""
     state, _ = checkpoints.load(ckpt, expect_model=model_identity(model_cfg, spec))
     try:
         model = build_forecaster(model_cfg, spec)
     except ValueError as e:
         raise ConfigError(f"checkpoint {ckpt}: {e}") from None
     checkpoints.load_model_weights(model, state, str(ckpt))
-    return model
+    return as_forecaster(model, model_cfg, sampler or SamplerConfig())
 
 
 @dataclass

@@ -4,8 +4,9 @@ error map of the first target at the first lead (`forecast_map_<split>.png`). Lo
 store and scores are the forecast job's (checkpoint_forecast.py); a rollout stops at one step where a
 forecast cannot be the next input (`rollout.possible_steps`, the rule of `check_rollout`).
 
-With `train.routing_members` = M > 1 every init is forecast M times, one routing draw each (rollout.py),
-and `forecast.zarr` has a `member` dim; the per-lead scores are those of the ensemble mean.
+With `train.routing_members` = M > 1 every init is forecast M times, one routing draw each (rollout.py;
+for model.name=edm one sample each, drawn with `sampler`), and `forecast.zarr` has a `member` dim; the
+per-lead scores are those of the ensemble mean.
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ def forecast_map(out_dir: Path, forecast, ds, spec, split: str) -> Path:
     truth = truth.isel({LAT: slice(*spec.fit.rows), LON: slice(*spec.fit.cols)})  # the kept grid
     hours = lead / np.timedelta64(1, "h")
     members = forecast.sizes.get("member", 1)
-    what = f"mean of {members} routing draws, " if members > 1 else ""
+    what = f"mean of {members} members, " if members > 1 else ""
     title = f"{ch.name}, init {str(init)[:16]}, lead +{hours:g} h ({what}{split} split)"
     return save_map_png(out_dir / f"forecast_map_{split}.png", truth.values, fc.values, spec.latitude,
                         spec.longitude, title, units=str(ds[ch.variable].attrs.get("units", "")))
@@ -73,7 +74,7 @@ def evaluate_checkpoint(cfg: TrainSparseConfig, data: WindowData, ckpt_dir: Path
                         ctx: JobContext) -> dict[str, Any]:
     """Rollout on the test split (val when there is no test split), forecast zarr, per-lead scores, map PNG."""
     spec = data.spec
-    model = load_forecaster(ckpt_dir, cfg.model, spec)
+    model = load_forecaster(ckpt_dir, cfg.model, spec, cfg.sampler)
     ds = open_store(spec.store)
     split = "test" if len(data.anchors["test"]) else "val"
     steps = possible_steps(spec, cfg.train.rollout_steps)  # one step where a forecast is no next input
@@ -81,7 +82,7 @@ def evaluate_checkpoint(cfg: TrainSparseConfig, data: WindowData, ckpt_dir: Path
     if len(anchors) == 0:
         return {"rollout": {"split": split, "inits": 0}}
     n_members, note = cfg.train.routing_members, {}
-    if n_members > 1 and not routing_varies(model):
+    if n_members > 1 and not (cfg.model.generative or routing_varies(model)):
         # Only found out after training: a warning and the deterministic forecast, not a lost run.
         note = {"note": f"train.routing_members={n_members} ignored: model.selection={cfg.model.selection} "
                         f"(deterministic_eval={cfg.model.deterministic_eval}) draws no random routing"}

@@ -3,7 +3,7 @@ written as `forecast.zarr` (forecast convention, consolidated metadata) and scor
 persistence where the store has the truth.
 
     python jobs/forecast.py checkpoint=runs/train_sparse/exp1 inits=2000-03-01/2000-03-31 steps=8
-    python jobs/forecast.py checkpoint=<run dir> routing_members=10    # routing draws as an ensemble
+    python jobs/forecast.py checkpoint=<run dir> members=10    # routing draws (or EDM samples) as an ensemble
     python jobs/evaluate.py forecast=<out_dir>/forecast.zarr truth=<store>   # CRPS, spread-skill, ...
 
 `checkpoint` is a training run directory (its newest checkpoint under `ray/`) or one checkpoint
@@ -13,14 +13,16 @@ the same channels, e.g. a later period; an init needs only its history in the st
 truth for every lead are scored. Whatever the store, windows are normalised as in training: with the
 vectors meta.json keeps (`normalisation`), or for older checkpoints the training store's statistics.
 
-`routing_members` = M > 1 forecasts every init M times, member m drawing its token selection from a
+`members` = M > 1 forecasts every init M times, member m drawing its token selection from a
 generator seeded by (seed, init time, m) (rollout.py), so a member can be recomputed alone; M = 1 is
-the plain deterministic forecast (member 0, no `member` dim).
+the plain deterministic forecast (member 0, no `member` dim). A generative (model.name=edm) checkpoint
+draws member m as a sample of the EDM from that generator (noise, churn and routing; `sampler.*` sets
+the sampler), each lead's sample fed back as the next step's history.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +39,7 @@ from wxray.platform import checkpoints
 from wxray.platform.checkpoint_forecast import forecast_and_score, load_forecaster
 from wxray.platform.datasets import DataConfig
 from wxray.platform.rollout import check_rollout, rollout_anchors, routing_varies
-from wxray.platform.train_config import ModelConfig
+from wxray.platform.train_config import ModelConfig, SamplerConfig
 from wxray.platform.windows import WindowSpec, fit_spec, make_spec, parse_range, split_anchors, valid_anchors
 
 
@@ -47,7 +49,10 @@ class ForecastConfig(JobConfig):
     store: InPath = ""  # "" = the store the checkpoint was trained on
     inits: str = ""  # "start/end" init times, inclusive; "" = the training run's test split
     steps: PosInt = 4  # autoregressive steps, each the checkpoint's lead (data.lead_steps native steps)
-    routing_members: PosInt = 1  # routing draws per init; > 1 writes a `member` dim (an implicit ensemble)
+    # members per init: routing draws of a routed forecaster, samples of an edm one; > 1 writes a `member` dim
+    members: PosInt = 1
+    routing_members: PosInt = 1  # the older name of `members`
+    sampler: SamplerConfig = field(default_factory=SamplerConfig)  # edm checkpoints: how a sample is drawn
     seed: Seed = 0  # member m of init t draws from SeedSequence([seed, t in seconds, m]) (rollout.py)
     batch_size: PosInt = 1  # (init, member) samples per forward; 1 = any member recomputes alone bit for bit
     device: str = "auto"  # auto (a GPU when there is one), cpu, cuda, cuda:1; must exist on this machine
@@ -58,6 +63,11 @@ class ForecastConfig(JobConfig):
         if not self.checkpoint:
             raise ConfigError("config key 'checkpoint' is required (a training run directory or a checkpoint "
                               "directory)")
+        if self.members > 1 and self.routing_members > 1 and self.members != self.routing_members:
+            raise ConfigError(f"members={self.members} and routing_members={self.routing_members} disagree "
+                              "(routing_members is the older name of members: give one)")
+        self.members = max(self.members, self.routing_members)
+        self.routing_members = self.members
         if self.inits:
             parse_range(self.inits, "inits")
         resolve_device(self.device)  # before the job starts, not at model.to(device)
@@ -176,25 +186,25 @@ def forecast(cfg: ForecastConfig, ctx: JobContext) -> dict[str, Any]:
     store = cfg.store or str(resolve_path(data_cfg.store))  # cfg.store is absolute already
     ds = open_store(store)
     spec = trained_spec(ckpt, meta, store, ds, model_cfg, data_cfg)
-    model = load_forecaster(ckpt, model_cfg, spec)
+    model = load_forecaster(ckpt, model_cfg, spec, cfg.sampler)
     try:
         check_rollout(spec, cfg.steps)
     except ValueError as e:
         raise ConfigError(f"checkpoint {ckpt}: {e}") from None
-    if cfg.routing_members > 1 and not routing_varies(model):
-        raise ConfigError(f"routing_members={cfg.routing_members}: the checkpoint's model.selection="
+    if cfg.members > 1 and not (model_cfg.generative or routing_varies(model)):
+        raise ConfigError(f"members={cfg.members}: the checkpoint's model.selection="
                           f"{model_cfg.selection} (deterministic_eval={model_cfg.deterministic_eval}) draws no "
                           "random routing, so every member would be the same")
     anchors = choose_inits(ds, spec, data_cfg, cfg, store)
     device = resolve_device(cfg.device)
     tracker = ctx.tracker  # every input is checked: the run starts here
 
-    members = list(range(cfg.routing_members)) if cfg.routing_members > 1 else None
+    members = list(range(cfg.members)) if cfg.members > 1 else None
     run = forecast_and_score(model, spec, ds, anchors, cfg.steps, ctx.out_dir, tracker, seed=cfg.seed,
                              batch_size=cfg.batch_size, members=members, device=device,
                              attrs={"checkpoint": str(ckpt), "seed": cfg.seed, "store": store})
     times = ds[TIME].values[anchors]
     return {"forecast": str(run.path), "checkpoint": str(ckpt), "store": store, "inits": int(len(anchors)),
-            "first_init": str(times[0])[:19], "last_init": str(times[-1])[:19], "members": cfg.routing_members,
+            "first_init": str(times[0])[:19], "last_init": str(times[-1])[:19], "members": cfg.members,
             "grid_fit": spec.fit.mode, "grid": f"{spec.kept_grid[0]}x{spec.kept_grid[1]}",
             "rollout": {"scored_inits": int(len(run.scored)), **run.report}}

@@ -10,6 +10,9 @@ with init_seconds the init time in whole seconds since 1970-01-01 (two's complem
 earlier times work too). Each sample keeps its generator for all its steps, so member m of init i is
 the same draws whatever else is forecast in the same run or batch; with batch_size=1 (one sample per
 forward) a member recomputed alone is bit-identical. The deterministic forecast is member 0.
+A generative forecaster (`generative = True`, models.EDMForecaster) draws its initial noise, churn and
+routing from the same per-sample generator (a RowGenerators), step after step: member m of init i is a
+sample of the EDM, fed back as the next step's history.
 
 Forecasts are on the kept grid of `spec.fit` (gridfit.py): padded rows/columns are cut from every
 step's output, and the next step's input is the kept state padded again, as the reader pads a store
@@ -30,7 +33,7 @@ from tqdm.auto import tqdm
 
 from wxray.data.schema import LAT, LEVEL, LON, TIME, time_step
 from wxray.io import atomic_path
-from wxray.models import RandomSelector, TokenSelector
+from wxray.models import RandomSelector, RowGenerators, TokenSelector
 from wxray.platform.windows import WindowReader, WindowSpec, open_lazy, per_channel, to_physical, valid_anchors
 
 INIT, LEAD, MEMBER = "init_time", "lead_time", "member"
@@ -152,9 +155,11 @@ def rollout(model: torch.nn.Module, spec: WindowSpec, anchors: np.ndarray, steps
         rows, cols = (np.array(a) for a in zip(*chunk, strict=True))
         x = torch.from_numpy(reader.inputs(anchors[rows])).to(device)
         gens = [member_generator(seed, times[anchors[i]], ids[j]) for i, j in chunk]
+        # A generative forecaster draws everything (noise, routing) from per-row generators.
+        draws = {"generator": RowGenerators(gens)} if getattr(model, "generative", False) else {}
         with per_sample_routing(model, gens):
             for k in range(steps):
-                phys = spec.unpad(to_physical(spec, model(x).float(), x))
+                phys = spec.unpad(to_physical(spec, model(x, **draws).float(), x))
                 out[rows, cols, k] = phys.cpu().numpy()
                 state = _normalise_state(spec, spec.pad(phys))
                 x = torch.cat([x[:, v: h * v], state, x[:, h * v:]], dim=1)

@@ -16,7 +16,8 @@ Selection = Literal["random", "topk_attention", "learned", "learned_st", "laplac
 
 @dataclass
 class ModelConfig:
-    name: Literal["reslim", "droppath", "sprint", "climax"] = "reslim"  # droppath/sprint/climax: baselines
+    # droppath/sprint/climax: baselines; edm: the generative Res-Slim-EDM (trained on the EDM loss, sampled)
+    name: Literal["reslim", "droppath", "sprint", "climax", "edm"] = "reslim"
     patch_size: PosInt = 2  # pixels per token side (must divide the fitted grid, see data.grid_fit)
     embed_dim: PosInt = 128  # token width D
     depth: PosInt = 8  # transformer blocks in all
@@ -33,6 +34,15 @@ class ModelConfig:
     # BCE weight of selection=learned's difficulty head. Its gradient reaches the head alone, so under AdamW
     # the weight hardly changes the head's steps; kept small so it takes little of the grad-clip norm.
     selector_loss_weight: NonNegFloat = 0.01
+    # name=edm only (Eq. 6): the std of the normalised target (1 for standardised tendencies) and the
+    # log-normal training noise levels, ln sigma ~ N(p_mean, p_std^2) (EDM's image defaults)
+    sigma_data: PosFloat = 1.0
+    p_mean: float = -1.2
+    p_std: PosFloat = 1.2
+
+    @property
+    def generative(self) -> bool:
+        return self.name == "edm"
 
     def validate(self) -> None:
         if sum(self.split) != self.depth:
@@ -43,8 +53,36 @@ class ModelConfig:
             raise ConfigError("model.name=droppath is the dense stochastic-depth baseline: set model.keep_ratio=1")
         if self.name == "droppath" and self.drop_path == 0.0:
             raise ConfigError("model.name=droppath needs model.drop_path > 0 (e.g. 0.1)")
+        if self.generative and self.selection != "random":
+            raise ConfigError(f"model.name=edm holds one random selection across the denoising steps: "
+                              f"model.selection must be random, got {self.selection}")
         if self.selection in ("topk_attention", "activation_norm") and self.split[0] == 0 and self.keep_ratio < 1:
             raise ConfigError(f"model.selection={self.selection} scores a dense-early block: needs model.split[0] >= 1")
+
+
+@dataclass
+class SamplerConfig:
+    """How model.name=edm draws a forecast (Karras et al. 2022): heun = Algorithm 1 (deterministic ODE
+    steps from a random start), stochastic = Algorithm 2 (adds churn). Unused by the other models."""
+
+    kind: Literal["heun", "stochastic"] = "heun"
+    steps: PosInt = 18  # noise levels N; 2N - 1 denoiser calls per sample
+    sigma_min: PosFloat = 0.002
+    sigma_max: PosFloat = 80.0
+    rho: PosFloat = 7.0  # schedule curvature
+    s_churn: NonNegFloat = 0.0  # stochastic only: total churn (gamma_i = min(s_churn / N, sqrt 2 - 1))
+    s_min: NonNegFloat = 0.0  # stochastic only: churn where s_min <= t_i <= s_max
+    s_max: PosFloat = 1e6  # EDM's default is infinity; anything above sigma_max is the same
+    s_noise: PosFloat = 1.0  # stochastic only: noise inflation
+
+    def validate(self) -> None:
+        if self.sigma_min > self.sigma_max:
+            raise ConfigError(f"sampler.sigma_min={self.sigma_min} must not exceed sampler.sigma_max={self.sigma_max}")
+
+    def kwargs(self) -> dict:
+        """EDMForecaster's keyword arguments."""
+        return dict(sampler=self.kind, steps=self.steps, sigma_min=self.sigma_min, sigma_max=self.sigma_max,
+                    rho=self.rho, s_churn=self.s_churn, s_min=self.s_min, s_max=self.s_max, s_noise=self.s_noise)
 
 
 @dataclass
@@ -73,7 +111,8 @@ class LoopConfig:
     max_failures: NonNegInt = 1  # worker failures Ray Train recovers from (restarting from the checkpoint)
     log_every: PosInt = 10  # steps between per-step MLflow metrics
     rollout_steps: NonNegInt = 4  # autoregressive steps of the rollout on the test split after training
-    routing_members: PosInt = 1  # post-training rollout: routing draws per init; > 1 writes a `member` dim
+    # post-training rollout: members per init (routing draws; for model.name=edm, samples); > 1 writes `member`
+    routing_members: PosInt = 1
     var_weights: dict[str, NonNegFloat] = field(default_factory=dict)  # channel name -> loss weight
     init_from: InPath = ""  # checkpoint dir/file to initialise weights from (fine-tuning)
     # Fault drill: worker rank 1 (or 0 with one worker) kills its own process once, after the first step
@@ -88,6 +127,7 @@ class TrainSparseConfig(JobConfig):
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: LoopConfig = field(default_factory=LoopConfig)
     scaling: ScalingCfg = field(default_factory=ScalingCfg)
+    sampler: SamplerConfig = field(default_factory=SamplerConfig)  # model.name=edm: validation and rollout
     ray_address: str = ""  # Ray cluster (host:port); "" = RAY_ADDRESS (ray job submit) or a new local one
     ray_timeout_s: PosFloat = 60.0  # give up on an unreachable ray_address after this many seconds
     # JobConfig: out_dir "" = runs/train_sparse/<run_name or UTC timestamp>; the same run_name again resumes.
@@ -101,6 +141,7 @@ class TrainSparseConfig(JobConfig):
         if self.run_name and not self.out_dir:
             self.out_dir = f"runs/train_sparse/{self.run_name}"
         m = self.model
-        if self.train.routing_members > 1 and (m.selection != "random" or m.deterministic_eval or m.keep_ratio == 1):
+        if self.train.routing_members > 1 and not m.generative and (
+                m.selection != "random" or m.deterministic_eval or m.keep_ratio == 1):
             raise ConfigError(f"train.routing_members={self.train.routing_members} draws routing ensembles: needs "
                               f"model.selection=random, model.deterministic_eval=false and model.keep_ratio < 1")

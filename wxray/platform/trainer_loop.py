@@ -19,11 +19,11 @@ import torch
 import torch.distributed as dist
 
 from wxray.config import from_dict, to_dict
-from wxray.models import build_model, lat_weighted_mse, latitude_weights, selector_loss
+from wxray.models import EDMForecaster, build_model, edm_loss, lat_weighted_mse, latitude_weights, selector_loss
 from wxray.platform import accelerators as acc
 from wxray.platform import checkpoints
-from wxray.platform.reporting import Reporter
-from wxray.platform.train_config import ModelConfig, TrainSparseConfig
+from wxray.platform.reporting import Reporter, stop_requested
+from wxray.platform.train_config import ModelConfig, SamplerConfig, TrainSparseConfig
 from wxray.platform.windows import WindowSpec, to_physical
 
 
@@ -36,7 +36,30 @@ def build_forecaster(cfg: ModelConfig, spec: WindowSpec) -> torch.nn.Module:
                   pos_embed=cfg.pos_embed, periodic_longitude=spec.periodic_longitude)
     if cfg.name != "climax":
         kwargs["skip_channels"] = cfg.skip_channels
+    if cfg.generative:
+        kwargs["sigma_data"] = cfg.sigma_data
     return build_model(cfg.name, **kwargs)
+
+
+def as_forecaster(model: torch.nn.Module, cfg: ModelConfig, sampler: SamplerConfig) -> torch.nn.Module:
+    """`model` called as forecaster(x, generator=g) -> next state: a generative denoiser (DDP-unwrapped)
+    wrapped with its sampler, any other model as it is."""
+    if not cfg.generative:
+        return model
+    return EDMForecaster(getattr(model, "module", model), **sampler.kwargs())
+
+
+def training_loss(model: torch.nn.Module, cfg: ModelConfig, spec: WindowSpec, batch: dict, lat_w: torch.Tensor,
+                  var_w: torch.Tensor | None, generator) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(loss, auxiliary loss or None) of one batch: Eq. 3's latitude-weighted MSE of the forecast, or for a
+    generative model Eq. 6's EDM loss at noise levels drawn from `generator`; both on the kept grid."""
+    x, y = batch["x"], batch["y"]
+    if cfg.generative:
+        return edm_loss(model, y, x, lat_w, generator, cfg.p_mean, cfg.p_std, var_w, crop=spec.unpad), None
+    pred = model(x, generator=generator).float()
+    loss = lat_weighted_mse(spec.unpad(pred), spec.unpad(y), lat_w, var_w)
+    # None unless selection=learned; on the model grid, padded rows weighted 0
+    return loss, selector_loss(model, pred, y, spec.row_weights(lat_w))
 
 
 def model_identity(cfg: ModelConfig, spec: WindowSpec) -> dict[str, Any]:
@@ -154,10 +177,19 @@ def _set_state(model, opt, model_sd: dict, opt_sd: dict | None) -> None:
 
 
 def validate(model, batches, spec: WindowSpec, lat_w: torch.Tensor, device, world: int, dtype,
-             seed: int, dummy: dict) -> dict[str, float]:
-    """Normalised loss and latitude-weighted RMSE per target channel in physical units."""
+             seed: int, dummy: dict, model_cfg: ModelConfig, sampler: SamplerConfig,
+             final: bool = True) -> dict[str, float]:
+    """Normalised loss and latitude-weighted RMSE per target channel in physical units.
+
+    A generative model: the loss is the EDM loss (same noise levels every epoch); the RMSE, that of one
+    sample per window drawn with `sampler`, costs 2 x sampler.steps - 1 forwards, so only the `final`
+    validation computes it.
+    """
     model.eval()
+    forecaster = as_forecaster(model, model_cfg, sampler)
+    score = final or not model_cfg.generative
     gen = torch.Generator().manual_seed(seed + 7919)  # validation draws the same tokens every epoch
+    loss_gen = torch.Generator().manual_seed(seed + 7920)
     n_out = len(spec.targets)
     sums = torch.zeros(n_out + 2, dtype=torch.float64, device=device)  # per-channel SE, loss, count
     with torch.no_grad():
@@ -165,20 +197,24 @@ def validate(model, batches, spec: WindowSpec, lat_w: torch.Tensor, device, worl
             w = float(w > 0)  # sums over real windows only
             x, y = batch["x"], batch["y"]
             with acc.autocast(device, dtype):
-                pred = model(x, generator=gen)
-            pred = pred.float()
-            # Padded rows/columns (data.grid_fit=pad) are not data: scores and loss on the kept grid.
-            phys_p, phys_t = spec.unpad(to_physical(spec, pred, x)), spec.unpad(to_physical(spec, y, x))
-            se = ((phys_p - phys_t) ** 2 * lat_w[None, None, :, None]).mean(dim=(-2, -1))  # (b, V)
-            sums[:n_out] += w * se.sum(0).double()
-            sums[n_out] += w * lat_weighted_mse(spec.unpad(pred), spec.unpad(y), lat_w).double() * x.shape[0]
+                pred = forecaster(x, generator=gen).float() if score else None
+                if model_cfg.generative:
+                    loss = training_loss(model, model_cfg, spec, batch, lat_w, None, loss_gen)[0]
+                else:
+                    loss = lat_weighted_mse(spec.unpad(pred), spec.unpad(y), lat_w)
+            if score:  # padded rows/columns (data.grid_fit=pad) are not data: scores and loss on the kept grid
+                phys_p, phys_t = spec.unpad(to_physical(spec, pred, x)), spec.unpad(to_physical(spec, y, x))
+                se = ((phys_p - phys_t) ** 2 * lat_w[None, None, :, None]).mean(dim=(-2, -1))  # (b, V)
+                sums[:n_out] += w * se.sum(0).double()
+            sums[n_out] += w * loss.double() * x.shape[0]
             sums[n_out + 1] += w * x.shape[0]
     if world > 1:
         dist.all_reduce(sums)
     count = max(1.0, sums[-1].item())
     out = {"val/loss": sums[n_out].item() / count, "val/windows": count}
     for i, ch in enumerate(spec.targets):
-        out[f"val/rmse/{ch.name}"] = float(np.sqrt(sums[i].item() / count))
+        if score:
+            out[f"val/rmse/{ch.name}"] = float(np.sqrt(sums[i].item() / count))
     model.train()
     return out
 
@@ -246,7 +282,7 @@ def train_fn_per_worker(config: dict[str, Any]) -> None:
         gen = epoch_generator(cfg.train.seed, epoch, rank)
         model.train()
         acc.reset_peak_memory(device)
-        t_epoch, n_samples, losses = time.perf_counter(), 0, []
+        t_epoch, n_samples, losses, act_bytes = time.perf_counter(), 0, [], 0
         batches = epoch_batches(train_shard, cfg, device, epoch)
         for i, (batch, w, n_global) in enumerate(lockstep_batches(batches, dummy, device, world)):
             if cfg.train.max_steps_per_epoch and i >= cfg.train.max_steps_per_epoch:
@@ -257,10 +293,8 @@ def train_fn_per_worker(config: dict[str, Any]) -> None:
             measure = step % cfg.train.log_every == 0
             meter = acc.SavedActivationMeter(meter_exclude)
             with acc.autocast(device, dtype), (meter.measure() if measure else contextlib.nullcontext()):
-                pred = model(batch["x"], generator=gen)
-                loss = lat_weighted_mse(spec.unpad(pred.float()), spec.unpad(batch["y"]), lat_w, var_w) * w
-                # None unless selection=learned; on the model grid, padded rows weighted 0
-                aux = selector_loss(model, pred.float(), batch["y"], spec.row_weights(lat_w))
+                loss, aux = training_loss(model, cfg.model, spec, batch, lat_w, var_w, gen)
+                loss = loss * w
             opt.zero_grad(set_to_none=True)
             # added even at weight 0, so the head's parameters always get a gradient (DDP requires it)
             (loss if aux is None else loss + cfg.model.selector_loss_weight * w * aux).backward()
@@ -280,6 +314,7 @@ def train_fn_per_worker(config: dict[str, Any]) -> None:
                      **({"train/selector_loss": aux.item()} if aux is not None and w else {}),
                      "train/lr": lr, "train/step_time_s": dt,
                      "train/samples_per_s_per_worker": n / dt, "train/saved_activation_bytes": meter.bytes}
+                act_bytes = max(act_bytes, meter.bytes)
                 peak = acc.peak_memory_bytes(device)
                 if peak is not None:
                     m["train/peak_memory_bytes"] = peak
@@ -288,11 +323,16 @@ def train_fn_per_worker(config: dict[str, Any]) -> None:
         metrics = {"epoch": epoch + 1, "step": step, "train/world_size": world,  # epochs completed, as printed
                    "train/fsdp_sharded": float(_is_sharded(model)),
                    "train/epoch_loss": float(np.mean(losses)) if losses else float("nan"),
-                   "train/epoch_samples_per_s_per_worker": n_samples / max(elapsed, 1e-9)}
+                   "train/epoch_samples_per_s_per_worker": n_samples / max(elapsed, 1e-9),
+                   "train/epoch_saved_activation_bytes": act_bytes}  # the largest measured this epoch
+        peak = acc.peak_memory_bytes(device)
+        if peak is not None:
+            metrics["train/epoch_peak_memory_bytes"] = peak
         if val_shard is not None:
             metrics.update(validate(model, val_shard.iter_torch_batches(batch_size=cfg.data.batch_size,
                                                                         device=device),
-                                    spec, lat_w, device, world, dtype, cfg.train.seed, dummy))
+                                    spec, lat_w, device, world, dtype, cfg.train.seed, dummy, cfg.model,
+                                    cfg.sampler, final=epoch == cfg.train.epochs - 1))
         if rank == 0:
             val = f", val loss {metrics['val/loss']:.4f}" if "val/loss" in metrics else ""
             reporter.say(f"epoch {epoch + 1}/{cfg.train.epochs}: step {step}, "
@@ -301,3 +341,7 @@ def train_fn_per_worker(config: dict[str, Any]) -> None:
         report_epoch(reporter, model, opt, metrics, rank, cfg, epoch, step, seen,
                      {"model": config["model_identity"], "data": {**config["cfg"]["data"], "store": spec.store},
                       checkpoints.NORMALISATION: checkpoints.normalisation_meta(spec)})
+        if config.get("decisions") and stop_requested(config["decisions"], epoch + 1, rank, world, device):
+            if rank == 0:
+                reporter.say(f"stopped early by the sweep's scheduler after epoch {epoch + 1}")
+            break
