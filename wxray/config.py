@@ -216,16 +216,17 @@ def _build(cls: type[T], values: dict[str, Any], prefix: str = "") -> T:
         if isinstance(v, dict) and factory is not dataclasses.MISSING and dataclasses.is_dataclass(hints[k]):
             # a section given in part keeps the defaults its owner chose for the rest (the factory's, which
             # may differ from the section class's own: the e2e data section has history 1)
-            v = _deep_merge(to_dict(factory()), v)
+            v = deep_merge(to_dict(factory()), v)
         kwargs[k] = _coerce(v, hints[k], key)
     return cls(**kwargs)
 
 
-def _deep_merge(base: dict, update: dict) -> dict:
+def deep_merge(base: dict, update: dict) -> dict:
+    """`update` laid over `base` section by section; neither is changed."""
     out = dict(base)
     for k, v in update.items():
         if isinstance(v, dict) and isinstance(out.get(k), dict):
-            out[k] = _deep_merge(out[k], v)
+            out[k] = deep_merge(out[k], v)
         else:
             out[k] = v
     return out
@@ -366,18 +367,18 @@ def load_config(cls: type[T], argv: list[str] | None = None) -> T:
         if tok in ("--config", "-c"):
             if i + 1 >= len(argv):
                 raise ConfigError("--config needs a file path")
-            values = _deep_merge(values, load_yaml(argv[i + 1]))
+            values = deep_merge(values, load_yaml(argv[i + 1]))
             i += 2
             continue
         if tok.startswith("--config="):
-            values = _deep_merge(values, load_yaml(tok.split("=", 1)[1]))
+            values = deep_merge(values, load_yaml(tok.split("=", 1)[1]))
         elif tok.startswith("-"):
             raise ConfigError(f"unknown option '{tok}' (use --config FILE and key=value overrides)")
         else:
             overrides.append(tok)
         i += 1
     for tok in overrides:
-        values = _deep_merge(values, parse_override(tok))
+        values = deep_merge(values, parse_override(tok))
     return from_dict(cls, values)
 
 

@@ -14,7 +14,10 @@ import sys
 import threading
 import time
 import warnings
+from pathlib import Path
 from typing import Any
+
+STOP, CONTINUE = "STOP", "CONTINUE"  # a sweep scheduler's decision after an epoch (wxray/tune/stopping.py)
 
 
 class Reporter:
@@ -110,3 +113,27 @@ class ProgressPrinter:
         except Exception:
             pass
 
+
+
+def stop_requested(folder: str, epochs: int, rank: int, world: int, device, timeout_s: float = 120.0) -> bool:
+    """Whether the sweep's scheduler decided that this trial stops after `epochs` completed epochs.
+
+    Rank 0 waits for the decision file `<folder>/<epochs>` (Tune handles a report asynchronously; none
+    within `timeout_s` counts as continue) and every rank gets its answer, so all stop at the same epoch.
+    """
+    import torch
+
+    stop = 0.0
+    if rank == 0:
+        path = Path(folder) / str(epochs)
+        deadline = time.monotonic() + timeout_s
+        while not path.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        stop = float(path.exists() and path.read_text().strip() == STOP)
+    if world > 1:
+        import torch.distributed as dist
+
+        flag = torch.tensor([stop], device=device)
+        dist.all_reduce(flag)
+        stop = flag.item()
+    return stop > 0

@@ -44,7 +44,11 @@ def check_model(cfg: TrainSparseConfig, data: WindowData) -> torch.nn.Module:
 
 
 def make_trainer(cfg: TrainSparseConfig, data: WindowData, out_dir: Path, tracking_uri: str = "",
-                 mlflow_run_id: str = "", progress=None):
+                 mlflow_run_id: str = "", progress=None, callbacks: list | None = None, decisions: str = ""):
+    """The `TorchTrainer` of a training run; Ray Train's storage is `<out_dir>/ray`, run name `train`, so a
+    re-run into the same directory (a resumed job, a restored Tune trial) finds its checkpoints.
+    `callbacks`: Ray Train callbacks (a Tune trial passes TuneReportCallback); `decisions`: the folder
+    where a sweep's scheduler leaves its stop/continue decision after each epoch (reporting.stop_requested)."""
     from ray.train import CheckpointConfig, FailureConfig, RunConfig
     from ray.train.torch import TorchTrainer
 
@@ -54,7 +58,8 @@ def make_trainer(cfg: TrainSparseConfig, data: WindowData, out_dir: Path, tracki
     loop_config = {"cfg": to_dict(cfg), "spec": data.spec, "n_train": len(data.anchors["train"]),
                    "has_val": "val" in datasets, "out_dir": str(out_dir.resolve()),
                    "model_identity": model_identity(cfg.model, data.spec),
-                   "tracking_uri": tracking_uri, "mlflow_run_id": mlflow_run_id, "progress": progress}
+                   "tracking_uri": tracking_uri, "mlflow_run_id": mlflow_run_id, "progress": progress,
+                   "decisions": decisions}
     return TorchTrainer(
         train_fn_per_worker,
         train_loop_config=loop_config,
@@ -63,6 +68,7 @@ def make_trainer(cfg: TrainSparseConfig, data: WindowData, out_dir: Path, tracki
             name="train", storage_path=str((out_dir / "ray").resolve()),
             failure_config=FailureConfig(max_failures=cfg.train.max_failures),
             checkpoint_config=CheckpointConfig(num_to_keep=cfg.train.keep_checkpoints),
+            callbacks=callbacks,
         ),
         datasets={k: v for k, v in datasets.items() if k in ("train", "val")},
         dataset_config=exactly_once_data_config(),
@@ -122,7 +128,9 @@ def _figures(metrics: dict[str, Any], prefix: str) -> dict[str, float]:
     return {k[len(prefix):]: float(f"{float(v):.6g}") for k, v in metrics.items() if k.startswith(prefix)}
 
 
-def train_sparse(cfg: TrainSparseConfig, ctx: JobContext) -> dict[str, Any]:
+def train_sparse(cfg: TrainSparseConfig, ctx: JobContext, callbacks: list | None = None,
+                 decisions: str = "") -> dict[str, Any]:
+    """The training job; a Tune trial passes `callbacks` (TuneReportCallback) and `decisions` (make_trainer)."""
     data = prepare_windows(cfg.data)  # no Ray needed yet: bad data fail before any worker starts
     model = check_model(cfg, data)
     acc.ensure_ray(cfg.ray_address, timeout_s=cfg.ray_timeout_s)
@@ -140,7 +148,7 @@ def train_sparse(cfg: TrainSparseConfig, ctx: JobContext) -> dict[str, Any]:
     ctx.keep_on_failure = True  # checkpoints written from here on are what a re-run resumes from
     with ProgressPrinter() as progress:
         trainer = make_trainer(cfg, data, Path(ctx.out_dir), ctx.tracker.uri, ctx.tracker.run_id or "",
-                               progress=progress.queue)
+                               progress=progress.queue, callbacks=callbacks, decisions=decisions)
         try:
             result = trainer.fit()
         except Exception as e:  # Ray wraps worker errors; show the cause in one line

@@ -1,0 +1,335 @@
+"""`jobs/sweep.py`: Ray Tune over the training job, each trial a full `jobs/train_sparse.py` run.
+
+    python jobs/sweep.py --config configs/sweeps/keep_ratio.yaml
+    python jobs/sweep.py --config configs/sweeps/keep_ratio.yaml out_dir=runs/sweep/kr   # again: restores
+
+Train+Tune pattern (Ray 2.60, Train V2): `trial_fn(config)` is the Tune trainable; it builds and fits the
+trial's `TorchTrainer` through `trainer.train_sparse` with a `TuneReportCallback`, so every epoch report of
+Train rank 0 is one Tune result (ASHA's time attribute is the reported `epoch`). A trial's run directory is
+`<out_dir>/trials/<trial id>` (Tune keeps trial ids across a restore, and Train resumes from the checkpoints
+under that directory). MLflow: the sweep is the parent run; each trial a child run (tag mlflow.parentRunId)
+created once, its id kept in the trial directory, so a restored sweep continues the same child runs.
+
+Resources: a trial is one Tune actor (`TRIAL_CPUS`, it only drives) plus its Train workers and data reads,
+which Tune does not see; `max_concurrent_trials` is derived from the cluster and those per-trial needs.
+A sqlite tracking store takes one writer at a time: with it trials run one after another (say so), an MLflow
+server (tracking.uri=http://...) lets them run side by side. ASHA's state is not part of a restore: the
+restored sweep judges the remaining trials on the results reported after it. ASHA's stop reaches a trial
+as a request it obeys after that epoch (tune/stopping.py), never as a killed actor.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from wxray.config import InPath, NonNegInt, PosInt, Range, load_yaml, to_dict
+from wxray.errors import ConfigError
+from wxray.job import JobConfig, JobContext, say, verbose
+from wxray.tune.space import Axis, n_trials, nest, param_space, parse_space, trial_config
+from wxray.tune.stopping import cooperative_asha, decisions_dir
+
+TRIAL_CPUS = 0.05  # the trial actor only drives its Train run ({"CPU": 0} is refused by Tune)
+ID_FILE = ".mlflow_run_id"
+LAST_REPORT = "last_report.json"
+
+
+@dataclass
+class SweepConfig(JobConfig):
+    base: InPath = ""  # training config YAML every trial starts from ("" = jobs/train_sparse.py's defaults)
+    overrides: dict[str, Any] = field(default_factory=dict)  # dotted training keys set for every trial
+    space: dict[str, Any] = field(default_factory=dict)  # dotted training key -> {grid|choice|uniform|loguniform: ...}
+    repeat: Annotated[int, Range()] = 1  # seeds per point (train.seed 0 .. repeat - 1)
+    num_samples: PosInt = 1  # draws of the choice/uniform/loguniform keys per grid point
+    metric: str = "val/loss"  # what ASHA and the best config go by: val/loss, val/rmse/<channel>, train/epoch_loss
+    mode: Literal["min", "max"] = "min"
+    scheduler: Literal["asha", "fifo"] = "asha"  # asha: stop poor trials early; fifo: every trial to the end
+    grace_period: PosInt = 1  # ASHA: epochs every trial runs before it may be stopped
+    reduction_factor: Annotated[float, Range(1, lo_open=True)] = 2.0  # ASHA: keep the top 1/this at each rung
+    max_concurrent_trials: NonNegInt = 0  # 0 = as many as the cluster holds (1 with a sqlite tracking store)
+    ray_address: str = ""  # Ray cluster (host:port); "" = RAY_ADDRESS (ray job submit) or a new local one
+    ray_timeout_s: Annotated[float, Range(0, lo_open=True)] = 60.0
+
+    experiment = "wxray-sweep"
+
+    def base_dict(self) -> dict[str, Any]:
+        """The nested training config of every trial before its own values (base YAML + overrides)."""
+        from wxray.config import deep_merge
+
+        base = load_yaml(self.base) if self.base else {}
+        return deep_merge(base, nest(self.overrides))
+
+
+def _per_trial_resources(cfg) -> dict[str, float]:
+    s = cfg.scaling
+    need = {"CPU": s.num_workers * s.cpus_per_worker + cfg.data.read_cpus + TRIAL_CPUS}
+    if s.use_gpu:
+        need["GPU"] = float(s.num_workers)
+    return need
+
+
+def concurrency(cfg: SweepConfig, trial_cfgs: list, tracking_uri: str) -> int:
+    """How many trials run at once: what the cluster holds of the largest trial, capped by the config and
+    by a sqlite tracking store (one writer). ConfigError when not even one trial fits."""
+    import ray
+
+    total = ray.cluster_resources()
+    need: dict[str, float] = {}
+    for tc in trial_cfgs:
+        for k, v in _per_trial_resources(tc).items():
+            need[k] = max(need.get(k, 0.0), v)
+    fits = min(math.floor(total.get(k, 0.0) / v + 1e-9) for k, v in need.items())
+    if fits < 1:
+        have = ", ".join(f"{k} {total.get(k, 0):g}" for k in need)
+        raise ConfigError("per-trial resources " + ", ".join(f"{k} {v:g}" for k, v in need.items())
+                          + f" (scaling.* + data.read_cpus + {TRIAL_CPUS} for the trial) exceed the cluster's "
+                          f"({have})")
+    n = min(fits, cfg.max_concurrent_trials or fits)
+    if n > 1 and tracking_uri.startswith("sqlite:"):
+        say(f"tracking on sqlite takes one writer at a time: trials run one after another (the cluster holds {n}); "
+            "use an MLflow server (tracking.uri=http://host:5000) to run them side by side")
+        n = 1
+    return n
+
+
+def reported_metrics(trial_cfg) -> tuple[set[str], set[str]]:
+    """(metrics every epoch report of a trial with this config carries, those only its last one carries):
+    ASHA needs the first kind; an EDM's sampled validation RMSE is of the second."""
+    from wxray.platform.datasets import prepare_windows
+
+    data = prepare_windows(trial_cfg.data)
+    every = {"train/epoch_loss", "train/epoch_samples_per_s_per_worker", "epoch"}
+    final: set[str] = set()
+    if len(data.anchors["val"]):
+        every.add("val/loss")
+        rmse = {f"val/rmse/{c.name}" for c in data.spec.targets}
+        if trial_cfg.model.generative:
+            final |= rmse
+        else:
+            every |= rmse
+    return every, final
+
+
+def check_metric(cfg: SweepConfig, trial_cfg) -> None:
+    every, final = reported_metrics(trial_cfg)
+    if cfg.metric in final and cfg.scheduler == "asha":
+        raise ConfigError(f"config key 'metric': {cfg.metric!r} is reported at the last epoch only "
+                          "(model.name=edm samples it then): use scheduler=fifo, or metric=val/loss with asha")
+    if cfg.metric not in every | final:
+        raise ConfigError(f"config key 'metric': no trial reports {cfg.metric!r} (every epoch reports: "
+                          f"{', '.join(sorted(every))})")
+
+
+def _label(params: dict[str, Any]) -> str:
+    return ", ".join(f"{k.split('.')[-1]}={v}" for k, v in params.items())
+
+
+def child_run(tracking: dict[str, Any], parent_id: str, trial_dir: Path, name: str) -> str | None:
+    """The MLflow run of a trial under the sweep's parent run: created once, its id kept in the trial directory."""
+    id_file = trial_dir / ID_FILE
+    if id_file.exists():
+        return id_file.read_text().strip()
+    if not tracking.get("enabled", True) or not parent_id:
+        return None
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=tracking["uri"])
+    parent = client.get_run(parent_id)
+    run = client.create_run(parent.info.experiment_id, run_name=name,
+                            tags={"mlflow.parentRunId": parent_id, "wxray.job": "train_sparse"})
+    trial_dir.mkdir(parents=True, exist_ok=True)
+    id_file.write_text(run.info.run_id)
+    return run.info.run_id
+
+
+def trial_fn(config: dict[str, Any]) -> None:
+    """One trial: the training job with this trial's values, in its own run directory and child MLflow run."""
+    from ray import tune
+    from ray.tune.integration.ray_train import TuneReportCallback
+
+    from wxray.io import write_json
+    from wxray.platform.trainer import train_sparse
+
+    trial_id = tune.get_context().get_trial_id()
+    cfg = trial_config(config["base"], config["params"])
+    trial_dir = Path(config["sweep_dir"]) / "trials" / trial_id
+    last = trial_dir / LAST_REPORT
+    if (trial_dir / "summary.json").exists() and last.exists():
+        # Finished before the sweep was interrupted, after Tune's last snapshot: report the result again
+        # rather than train or evaluate again.
+        tune.report(json.loads(last.read_text()))
+        return
+    cfg.out_dir, cfg.run_name = str(trial_dir), f"{trial_id}: {_label(config['params'])}"
+    for k, v in config["tracking"].items():
+        setattr(cfg.tracking, k, v)
+    cfg.train.checkpoint_every = 1  # a trial told to stop ends on the checkpoint of that epoch
+    child_run(config["tracking"], config["parent_run_id"], trial_dir, cfg.run_name)
+    decisions = decisions_dir(config["sweep_dir"], trial_id)
+    shutil.rmtree(decisions, ignore_errors=True)  # a restored trial replays its epochs: decide them afresh
+    ctx = JobContext("train_sparse", cfg, trial_dir)
+    try:
+        result = train_sparse(cfg, ctx, callbacks=[TuneReportCallback(), _last_report(last)],
+                              decisions=str(decisions) if config["cooperative"] else "")
+    except BaseException:
+        if ctx.started:
+            ctx.tracker.end("FAILED")
+        raise
+    write_json(trial_dir / "summary.json", {**result, "out_dir": str(trial_dir), "trial_id": trial_id})
+    ctx.tracker.log_artifact(trial_dir / "summary.json")
+    ctx.tracker.end("FINISHED")
+
+
+def _last_report(path: Path):
+    """A Ray Train callback keeping the newest report's metrics in `path` (what a re-run trial reports again)."""
+    from ray.train import UserCallback
+
+    from wxray.io import write_json
+
+    class LastReport(UserCallback):
+        def after_report(self, run_context, metrics, checkpoint):
+            write_json(path, {k: v for k, v in metrics[0].items() if isinstance(v, (int, float, str))})
+
+    return LastReport()
+
+
+class _Progress:
+    """A Tune callback printing one line per finished or stopped trial (Tune's own tables stay off)."""
+
+    def __new__(cls, total: int, max_epochs: int):
+        from ray.tune import Callback
+
+        class Printer(Callback):
+            def __init__(self):
+                self.done = 0
+
+            def on_trial_complete(self, iteration, trials, trial, **info):
+                self.done += 1
+                last = trial.last_result or {}
+                figure = ", ".join(f"{k} {last[k]:.4g}" for k in ("val/loss",) if k in last)
+                epochs = int(last.get("epoch", 0))
+                early = " (stopped early)" if epochs < max_epochs else ""
+                say(f"trial {self.done}/{total} {trial.trial_id} ({_label(trial.config['params'])}): "
+                    f"{epochs} epoch(s){early}{', ' + figure if figure else ''}")
+
+            def on_trial_error(self, iteration, trials, trial, **info):
+                self.done += 1
+                say(f"trial {self.done}/{total} {trial.trial_id} ({_label(trial.config['params'])}) failed; "
+                    f"see {trial.local_path}")
+
+        return Printer()
+
+
+def run_sweep(cfg: SweepConfig, ctx: JobContext, axes: list[Axis], trial_cfgs: list, n_concurrent: int,
+              base: dict[str, Any]):
+    """Tuner.fit (or Tuner.restore(...).fit() when the sweep directory holds an unfinished sweep)."""
+    from ray import tune
+    from ray.tune.schedulers import FIFOScheduler
+
+    sweep_dir = Path(ctx.out_dir).resolve()
+    tune_dir = sweep_dir / "tune"
+    trainable = tune.with_resources(trial_fn, {"CPU": TRIAL_CPUS})
+    epochs = max(tc.train.epochs for tc in trial_cfgs)
+    scheduler = (cooperative_asha(time_attr="epoch", max_t=epochs, grace_period=min(cfg.grace_period, epochs),
+                                  reduction_factor=cfg.reduction_factor)
+                 if cfg.scheduler == "asha" else FIFOScheduler())
+    total = n_trials(axes, cfg.num_samples)
+    run_config = tune.RunConfig(name="tune", storage_path=str(sweep_dir), verbose=0,
+                                callbacks=[_Progress(total, epochs)],
+                                failure_config=tune.FailureConfig(max_failures=0))
+    if tune.Tuner.can_restore(str(tune_dir)):
+        say(f"restoring the sweep in {tune_dir}: finished trials are kept, the others run or resume")
+        tuner = tune.Tuner.restore(str(tune_dir), trainable=trainable, resume_unfinished=True,
+                                   resume_errored=True, param_space=_space(cfg, axes, ctx, base))
+    else:
+        tuner = tune.Tuner(
+            trainable, param_space=_space(cfg, axes, ctx, base), run_config=run_config,
+            # Tune checks its metric in every result; fifo needs none (and the best trial is chosen here,
+            # results.best_row), so a metric reported at the last epoch only (an EDM's RMSE) can be swept on.
+            tune_config=tune.TuneConfig(metric=cfg.metric if cfg.scheduler == "asha" else None,
+                                        mode=cfg.mode if cfg.scheduler == "asha" else None, scheduler=scheduler,
+                                        num_samples=cfg.num_samples, max_concurrent_trials=n_concurrent))
+    if not verbose():
+        # Tune's new console output prints its tables whatever `verbose` says; the legacy engine at
+        # verbose=0 prints nothing, and the sweep's own lines (_Progress) say what a user needs.
+        os.environ["RAY_AIR_NEW_OUTPUT"] = "0"
+    return tuner.fit()
+
+
+def _space(cfg: SweepConfig, axes: list[Axis], ctx: JobContext, base: dict[str, Any]) -> dict[str, Any]:
+    tracking = to_dict(cfg.tracking)
+    return {**param_space(axes), "base": base, "cooperative": cfg.scheduler == "asha",
+            "sweep_dir": str(Path(ctx.out_dir).resolve()), "tracking": tracking,
+            "parent_run_id": ctx.tracker.run_id or ""}
+
+
+def _mark_stopped(table, tracking: dict[str, Any]) -> None:
+    """Tag the child runs of early-stopped trials (wxray.stopped=asha); a failed trial's run that was left
+    RUNNING (its actor died) ends FAILED."""
+    if not tracking.get("enabled", True) or not len(table):
+        return
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=tracking["uri"])
+    for _, row in table[table["stopped_early"] | table["failed"]].iterrows():
+        id_file = Path(row["trial_dir"]) / ID_FILE
+        if not id_file.exists():
+            continue
+        run_id = id_file.read_text().strip()
+        if row["stopped_early"]:
+            client.set_tag(run_id, "wxray.stopped", "asha")
+        elif client.get_run(run_id).info.status == "RUNNING":
+            client.set_terminated(run_id, "FAILED")
+
+
+def sweep(cfg: SweepConfig, ctx: JobContext) -> dict[str, Any]:
+    from wxray.config import from_dict, resolve_paths
+    from wxray.io import resolve_path
+    from wxray.platform import accelerators as acc
+    from wxray.platform.train_config import TrainSparseConfig
+    from wxray.tune import results
+
+    try:
+        base_cfg = from_dict(TrainSparseConfig, cfg.base_dict())
+    except ConfigError as e:
+        raise ConfigError(f"the trials' base config (base={cfg.base or '-'} + overrides): {e}") from None
+    resolve_paths(base_cfg, resolve_path)  # trials run in Tune's trial directories: no relative paths
+    base = to_dict(base_cfg)
+    axes = parse_space(cfg.space, base, cfg.repeat)
+    trial_cfgs = [base_cfg] + [trial_config(base, {a.key: v}) for a in axes for v in a.values]
+    check_metric(cfg, base_cfg)
+    acc.ensure_ray(cfg.ray_address, timeout_s=cfg.ray_timeout_s)
+    n_concurrent = concurrency(cfg, trial_cfgs, cfg.tracking.uri if cfg.tracking.enabled else "")
+    total = n_trials(axes, cfg.num_samples)
+    ctx.start()
+    ctx.keep_on_failure = True  # finished trials are what a re-run restores from
+    say(f"sweep of {total} trial(s) over {', '.join(a.key for a in axes)}, {n_concurrent} at a time, "
+        f"{cfg.scheduler} on {cfg.metric} ({cfg.mode}); run directory {ctx.out_dir}")
+    grid = run_sweep(cfg, ctx, axes, trial_cfgs, n_concurrent, base)
+
+    out = Path(ctx.out_dir)
+    max_t = max(tc.train.epochs for tc in trial_cfgs)
+    table = results.collect(grid, axes, cfg.metric, max_t)
+    _mark_stopped(table, to_dict(cfg.tracking))
+    summary = results.summarise(table, axes, cfg.metric)
+    files = [results.write_csv(out / "results.csv", table)]
+    if len(summary):
+        files.append(results.write_csv(out / "summary.csv", summary))
+    png = results.plot(out / "sweep.png", table, summary, axes, cfg.metric, cfg.mode)
+    best = results.best_row(table, cfg.metric, cfg.mode)
+    if best is not None:
+        files.append(results.write_best_config(out / "best_config.yaml", best, axes, base, cfg.metric))
+    for f in files + ([png] if png else []):
+        ctx.tracker.log_artifact(f)
+    if best is not None:
+        ctx.tracker.log_metrics({f"best/{cfg.metric}": float(best[cfg.metric])})
+    counts = {k: int(table[k].sum()) if len(table) else 0 for k in ("finished", "stopped_early", "failed")}
+    return {"trials": int(len(table)), **counts, "metric": cfg.metric,
+            "best": None if best is None else {"trial_id": best["trial_id"], cfg.metric: float(best[cfg.metric]),
+                                               **{a.key: results._py(best[a.key]) for a in axes}},
+            "best_config": str(out / "best_config.yaml") if best is not None else None,
+            "results": str(out / "results.csv"), "plot": str(png) if png else None}
