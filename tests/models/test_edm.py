@@ -262,3 +262,22 @@ def test_build_model_and_validation():
         sparse(y, -1.0, cond)
     with pytest.raises(ValueError, match="cond"):
         sparse(y, 1.0, cond[:, :-1])
+
+
+def test_local_condition_adds_each_locations_history_to_its_token():
+    """local_condition: Z_x + Z_c token by token, no new parameters; a change of the conditioning at one
+    location moves that location's output through the tokens even with the cross-attention switched off."""
+    plain, local = make(seed=3).eval(), make(seed=3, local_condition=True).eval()
+    assert plain.state_dict().keys() == local.state_dict().keys()
+    for m in (plain, local):
+        for block in m.router.blocks:
+            torch.nn.init.zeros_(block.cross_attn.proj.weight)
+            torch.nn.init.zeros_(block.cross_attn.proj.bias)
+    y, cond = data()
+    other = cond.clone()
+    other[:, :, :PATCH, :PATCH] += 3.0  # the history of the first token only
+    routing = plain.draw_routing(B, gen(4))
+    with torch.no_grad():
+        moved = [(m(y, 2.0, other, routing=routing) - m(y, 2.0, cond, routing=routing)).abs().amax().item()
+                 for m in (plain, local)]
+    assert moved[0] == 0.0 and moved[1] > 0.0

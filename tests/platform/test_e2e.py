@@ -12,7 +12,7 @@ import pyarrow.dataset as pads
 import pytest
 import xarray as xr
 
-from wxray.config import load_config
+from wxray.config import dump_yaml, load_config
 from wxray.data.schema import open_store
 from wxray.errors import CheckpointError, ConfigError
 from wxray.job import run_job
@@ -186,6 +186,33 @@ def test_stochastic_uplift_and_nested_members_recomputed_alone(chain, tmp_path):
     assert not np.allclose(both.isel(lead_time=1, dropout_draw=0), both.isel(lead_time=1, dropout_draw=1))
     alone = ensemble("inits=2000-01-02T06/2000-01-02T06", "alone")
     np.testing.assert_array_equal(alone.isel(init_time=0).values, both.isel(init_time=1).values)
+
+
+@pytest.mark.slow
+def test_dropout_calibration_sweep_scores_each_rate_by_spread_skill(chain, tmp_path):
+    """jobs/sweep.py job=forecast_e2e: a trial per inference dropout rate, each an evaluated ensemble of the
+    chain uplifted by the test above (its stochastic encoder; made here when this test runs alone)."""
+    from wxray.tune.sweep import SweepConfig, sweep
+
+    stages, uri, _ = chain
+    if not (stages / "stochastic_encoder").exists():
+        _run("finetune_stochastic", FinetuneStochasticConfig, finetune_stochastic,
+             ["stage=encoder", "train.epochs=1", "train.max_steps_per_epoch=2", "stochastic.members=2",
+              "stochastic.noise_dim=4", f"stages_dir={stages}", "tracking.enabled=false"])
+    # six inits: the evaluation's intervals need that many
+    spec = {"job": "forecast_e2e", "overrides": {"stages": str(stages), "members_n": 2, "steps": 1,
+                                                  "inits": "2000-01-01T06/2000-01-02T12"},
+            "space": {"dropout": {"grid": [0.05, 0.3]}}, "metric": "ssr_distance", "scheduler": "fifo"}
+    (tmp_path / "dropout.yaml").write_text(dump_yaml(spec))
+    res = _run("sweep", SweepConfig, sweep, ["--config", str(tmp_path / "dropout.yaml"), f"out_dir={tmp_path / 's'}",
+                                             f"tracking.uri={uri}"])
+    assert res["trials"] == 2 and res["finished"] == 2 and res["best"]["dropout"] in (0.05, 0.3)
+    table = pd.read_csv(res["results"])
+    assert np.isfinite(table["ssr_distance"]).all() and (table["mean_ssr"] > 0).all()
+    ssr = table.set_index("dropout")["mean_ssr"]
+    assert ssr[0.3] > ssr[0.05]  # the rate reaches the members: more dropout, more spread
+    best = load_config(ForecastE2EConfig, ["--config", res["best_config"]])
+    assert best.dropout == res["best"]["dropout"] and best.members_n == 2
 
 
 def test_forecast_denying_an_unknown_stream_is_one_line(tmp_path, capsys):

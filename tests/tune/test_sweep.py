@@ -103,7 +103,7 @@ def test_sweep_stops_early_tracks_children_and_restores_after_a_kill(wave_store,
 @pytest.mark.parametrize("extra, needle", [
     ({"metric": "val/rmse/vorticity"}, "config key 'metric': no trial reports 'val/rmse/vorticity'"),
     ({"overrides": {"scaling.cpus_per_worker": 1.0, "scaling.num_workers": 3}}, "exceed the cluster"),
-    ({"space": {"model.keep_ratios": {"grid": [0.5]}}}, "'model.keep_ratios' is not a key of the training config"),
+    ({"space": {"model.keep_ratios": {"grid": [0.5]}}}, "'model.keep_ratios' is not a key of the swept job's config"),
 ])
 def test_bad_sweeps_fail_before_any_trial(ray_session, wave_store, tmp_path, capsys, extra, needle):
     path = _sweep_yaml(tmp_path / "s.yaml", wave_store)

@@ -140,7 +140,9 @@ class ResSlimEDM(nn.Module):
     "random": a score-based selection would read the tokens, which change with sigma, and could not be
     held fixed across the denoising steps. `periodic_longitude` is accepted for config compatibility
     and unused by random selection. `deterministic_eval=True`: in eval mode every selection is one fixed
-    seeded draw shared by all samples.
+    seeded draw shared by all samples. `local_condition=True` also adds Z_c to Z_x token by token (not in
+    the paper, whose conditioning enters through the cross-attention alone): the token at a location then
+    sees that location's history without first learning to find it among the L conditioning tokens.
 
     forward -> D(y; sigma, cond) (B, n_out, h, w); sigma: float, 0-d or (B,) tensor, >= 0. `generator`
     drives dropout, drop path and (routing=None) the token selection. `routing`: (B, K) from
@@ -170,6 +172,7 @@ class ResSlimEDM(nn.Module):
         pos_embed: str = "learned",
         periodic_longitude: bool = True,
         sigma_data: float = 1.0,
+        local_condition: bool = False,
     ):
         super().__init__()
         img_size = tuple(int(s) for s in img_size)
@@ -184,6 +187,7 @@ class ResSlimEDM(nn.Module):
             raise ValueError(f"sigma_data must be > 0, got {sigma_data}")
         self.n_vars, self.history, self.n_const, self.n_out = n_vars, history, n_const, n_out
         self.img_size, self.patch_size, self.sigma_data = img_size, patch_size, float(sigma_data)
+        self.local_condition = bool(local_condition)
         self.periodic_longitude = periodic_longitude
         self.cond_channels = n_vars * history + n_const
 
@@ -268,7 +272,10 @@ class ResSlimEDM(nn.Module):
         """F(c_in y; sigma, c) of Eq. 5, for x_in = c_in y (B, n_out, h, w) and c_noise (B,)."""
         emb = self.noise_embed(c_noise)
         z_c = self.condition(cond)
-        z_x = self.embed_drop(self.target_tokenizer(x_in) + self.target_time, generator)
+        z_x = self.target_tokenizer(x_in) + self.target_time
+        if self.local_condition:
+            z_x = z_x + z_c
+        z_x = self.embed_drop(z_x, generator)
         z_x = self.router(z_x, generator=generator, context=HeldRouting(indices=routing), cond=z_c, emb=emb)
         f = self.decode(z_x)
         return f if self.skip is None else f + self.skip(x_in)

@@ -117,7 +117,7 @@ def read_meta(path: str | Path, expect_model: dict[str, Any] | None = None) -> d
     if expect_model is not None:
         theirs = meta_model(meta)
         diff = [k for k in ("name", "patch_size", "embed_dim", "depth", "num_heads", "mlp_ratio", "skip_channels",
-                            "pos_embed")
+                            "local_condition", "pos_embed")
                 if k in theirs and k in expect_model and theirs[k] != expect_model[k]]
         if theirs.get("channels") is not None and expect_model.get("channels") is not None \
                 and theirs["channels"] != expect_model["channels"]:

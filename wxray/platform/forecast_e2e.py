@@ -228,7 +228,8 @@ def forecast_e2e(cfg: ForecastE2EConfig, ctx: JobContext) -> dict[str, Any]:
                           **{f"checkpoint_{k}": v for k, v in used.items()})
     written = nested(forecast, m, n) if members else forecast
     path = write_forecast(written, Path(ctx.out_dir) / "forecast.zarr")
-    result: dict[str, Any] = {"forecast": str(path), "inits": int(len(anchors)), "steps": cfg.steps,
+    result: dict[str, Any] = {"forecast": str(path), "store": data.spec.store, "inits": int(len(anchors)),
+                              "steps": cfg.steps,
                               "deny": list(cfg.deny), "checkpoints": used, **extra}
     scored = rollout_anchors(ds, anchors, data.spec, cfg.steps)
     if len(scored):

@@ -39,6 +39,8 @@ class ModelConfig:
     sigma_data: PosFloat = 1.0
     p_mean: float = -1.2
     p_std: PosFloat = 1.2
+    # edm: also add the conditioning tokens Z_c to the noisy target's tokens (the paper: cross-attention only)
+    local_condition: bool = False
 
     @property
     def generative(self) -> bool:

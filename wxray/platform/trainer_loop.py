@@ -37,7 +37,7 @@ def build_forecaster(cfg: ModelConfig, spec: WindowSpec) -> torch.nn.Module:
     if cfg.name != "climax":
         kwargs["skip_channels"] = cfg.skip_channels
     if cfg.generative:
-        kwargs["sigma_data"] = cfg.sigma_data
+        kwargs.update(sigma_data=cfg.sigma_data, local_condition=cfg.local_condition)
     return build_model(cfg.name, **kwargs)
 
 

@@ -6,7 +6,7 @@
                         samples/s, speedup against the point with model.keep_ratio = 1 where there is one
     sweep.png           the metric against each searched key (mean and interval over seeds) and the
                         speed-vs-accuracy Pareto front (Fig. 5's U-shape and speedup curves for keep_ratio)
-    best_config.yaml    the best finished trial's whole training config; `jobs/train_sparse.py --config` loads it
+    best_config.yaml    the best finished trial's whole config of the swept job; that job's --config loads it
 
 Only trials that ran every epoch enter the summaries, the plots and the best config: an early-stopped trial's
 last metric is from fewer epochs and is not comparable.
@@ -22,7 +22,7 @@ import pandas as pd
 
 from wxray.config import dump_yaml
 from wxray.io import atomic_path, write_text
-from wxray.tune.space import SEED_KEY, Axis, trial_config
+from wxray.tune.space import SEED_KEYS, Axis, trial_config
 
 SPEED = "samples_per_s"
 KEEP = "model.keep_ratio"
@@ -42,7 +42,8 @@ def collect(grid, axes: list[Axis], metric: str, max_t: int) -> pd.DataFrame:
                     "stopped_early": r.error is None and epochs < max_t, "failed": r.error is not None,
                     metric: m.get(metric, np.nan)})
         for k, v in sorted(m.items()):
-            if k.startswith(("val/", "train/epoch_loss")) and k != metric:
+            if (k.startswith(("val/", "crps/", "rmse/")) or k in ("train/epoch_loss", "ssr_distance", "mean_ssr")) \
+                    and k != metric:
                 row[k] = v
         row[SPEED] = m.get("train/epoch_samples_per_s_per_worker", np.nan)
         row["saved_activation_bytes"] = m.get("train/epoch_saved_activation_bytes", np.nan)
@@ -72,7 +73,7 @@ def _interval(x: np.ndarray) -> tuple[float, float, float]:
 
 def summarise(table: pd.DataFrame, axes: list[Axis], metric: str) -> pd.DataFrame:
     """Per grid point (seeds pooled), finished trials only: n, metric and samples/s with 95% intervals."""
-    keys = [a.key for a in axes if a.key != SEED_KEY]
+    keys = [a.key for a in axes if a.key not in SEED_KEYS]
     done = table[table["finished"]] if len(table) else table
     if not len(done) or not keys:
         return pd.DataFrame()
@@ -111,12 +112,15 @@ def best_row(table: pd.DataFrame, metric: str, mode: str) -> pd.Series | None:
     return done.loc[done[metric].astype(float).idxmin() if mode == "min" else done[metric].astype(float).idxmax()]
 
 
-def write_best_config(path: Path, row: pd.Series, axes: list[Axis], base: dict[str, Any], metric: str) -> Path:
+def write_best_config(path: Path, row: pd.Series, axes: list[Axis], base: dict[str, Any], metric: str,
+                      cls: type) -> Path:
+    """The best trial's whole config of the swept job (`cls`), loadable with that job's --config."""
     params = {a.key: list(row[a.key]) if isinstance(row[a.key], tuple) else _py(row[a.key]) for a in axes}
-    cfg = trial_config(base, params)
+    cfg = trial_config(base, params, cls)
     cfg.out_dir, cfg.run_name = "", ""
+    job = "train_sparse" if hasattr(cfg, "train") else "forecast_e2e"
     head = (f"# The best finished trial of a sweep ({row['trial_id']}: {metric} = {float(row[metric]):.6g}).\n"
-            f"#   python jobs/train_sparse.py --config {path.name}\n")
+            f"#   python jobs/{job}.py --config {path.name}\n")
     return write_text(path, head + dump_yaml(cfg))
 
 
@@ -131,7 +135,7 @@ def plot(path: Path, table: pd.DataFrame, summary: pd.DataFrame, axes: list[Axis
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    keys = [a.key for a in axes if a.key != SEED_KEY and a.kind == "grid"]
+    keys = [a.key for a in axes if a.key not in SEED_KEYS and a.kind == "grid"]
     if not len(summary) or not len(table):
         return None
     panels = len(keys) + (1 if KEEP in keys and "speedup_vs_dense" in summary else 0) + 1

@@ -41,12 +41,17 @@ LAST_REPORT = "last_report.json"
 
 @dataclass
 class SweepConfig(JobConfig):
-    base: InPath = ""  # training config YAML every trial starts from ("" = jobs/train_sparse.py's defaults)
-    overrides: dict[str, Any] = field(default_factory=dict)  # dotted training keys set for every trial
-    space: dict[str, Any] = field(default_factory=dict)  # dotted training key -> {grid|choice|uniform|loguniform: ...}
+    # what a trial runs: train_sparse (a training run) or forecast_e2e (an ensemble of a trained chain,
+    # evaluated: inference-time keys such as the dropout rate, tune/calibration.py)
+    job: Literal["train_sparse", "forecast_e2e"] = "train_sparse"
+    base: InPath = ""  # that job's config YAML every trial starts from ("" = the job's defaults)
+    overrides: dict[str, Any] = field(default_factory=dict)  # dotted keys of that job set for every trial
+    space: dict[str, Any] = field(default_factory=dict)  # dotted key -> {grid|choice|uniform|loguniform: ...}
     repeat: Annotated[int, Range()] = 1  # seeds per point (train.seed 0 .. repeat - 1)
     num_samples: PosInt = 1  # draws of the choice/uniform/loguniform keys per grid point
-    metric: str = "val/loss"  # what ASHA and the best config go by: val/loss, val/rmse/<channel>, train/epoch_loss
+    # what ASHA and the best config go by: val/loss, val/rmse/<channel>, train/epoch_loss (train_sparse);
+    # ssr_distance, mean_ssr, crps/<channel>, rmse/<channel> (forecast_e2e)
+    metric: str = "val/loss"
     mode: Literal["min", "max"] = "min"
     scheduler: Literal["asha", "fifo"] = "asha"  # asha: stop poor trials early; fifo: every trial to the end
     grace_period: PosInt = 1  # ASHA: epochs every trial runs before it may be stopped
@@ -57,6 +62,15 @@ class SweepConfig(JobConfig):
 
     experiment = "wxray-sweep"
 
+    def job_config_class(self) -> type:
+        if self.job == "forecast_e2e":
+            from wxray.platform.forecast_e2e import ForecastE2EConfig
+
+            return ForecastE2EConfig
+        from wxray.platform.train_config import TrainSparseConfig
+
+        return TrainSparseConfig
+
     def base_dict(self) -> dict[str, Any]:
         """The nested training config of every trial before its own values (base YAML + overrides)."""
         from wxray.config import deep_merge
@@ -65,7 +79,15 @@ class SweepConfig(JobConfig):
         return deep_merge(base, nest(self.overrides))
 
 
+def trial_resources(cfg) -> dict[str, float]:
+    """What Tune reserves for the trial actor: a sliver for a training driver, a CPU for an inference trial
+    (it forecasts in the actor itself)."""
+    return {"CPU": TRIAL_CPUS if hasattr(cfg, "scaling") else 1.0}
+
+
 def _per_trial_resources(cfg) -> dict[str, float]:
+    if not hasattr(cfg, "scaling"):
+        return trial_resources(cfg)
     s = cfg.scaling
     need = {"CPU": s.num_workers * s.cpus_per_worker + cfg.data.read_cpus + TRIAL_CPUS}
     if s.use_gpu:
@@ -115,7 +137,21 @@ def reported_metrics(trial_cfg) -> tuple[set[str], set[str]]:
     return every, final
 
 
-def check_metric(cfg: SweepConfig, trial_cfg) -> None:
+def check_metric(cfg: SweepConfig, trial_cfgs: list) -> None:
+    """`cfg.metric` is one the trials report (and, for inference trials, what they forecast with loads).
+    trial_cfgs: the base config, then one config per searched value."""
+    trial_cfg = trial_cfgs[0]
+    if cfg.job == "forecast_e2e":
+        from wxray.tune import calibration
+
+        if cfg.scheduler != "fifo":
+            raise ConfigError("config key 'scheduler': a forecast_e2e trial reports once; use scheduler=fifo")
+        for variant in trial_cfgs[1:]:  # the base alone need not be a trial (e.g. no dropout until swept)
+            known = calibration.check_trial(variant)
+            if cfg.metric not in known:
+                raise ConfigError(f"config key 'metric': no forecast_e2e trial reports {cfg.metric!r} (they "
+                                  f"report: {', '.join(sorted(known))})")
+        return
     every, final = reported_metrics(trial_cfg)
     if cfg.metric in final and cfg.scheduler == "asha":
         raise ConfigError(f"config key 'metric': {cfg.metric!r} is reported at the last epoch only "
@@ -125,7 +161,7 @@ def check_metric(cfg: SweepConfig, trial_cfg) -> None:
                           f"{', '.join(sorted(every))})")
 
 
-def _label(params: dict[str, Any]) -> str:
+def label(params: dict[str, Any]) -> str:
     return ", ".join(f"{k.split('.')[-1]}={v}" for k, v in params.items())
 
 
@@ -164,7 +200,7 @@ def trial_fn(config: dict[str, Any]) -> None:
         # rather than train or evaluate again.
         tune.report(json.loads(last.read_text()))
         return
-    cfg.out_dir, cfg.run_name = str(trial_dir), f"{trial_id}: {_label(config['params'])}"
+    cfg.out_dir, cfg.run_name = str(trial_dir), f"{trial_id}: {label(config['params'])}"
     for k, v in config["tracking"].items():
         setattr(cfg.tracking, k, v)
     cfg.train.checkpoint_every = 1  # a trial told to stop ends on the checkpoint of that epoch
@@ -200,7 +236,7 @@ def _last_report(path: Path):
 class _Progress:
     """A Tune callback printing one line per finished or stopped trial (Tune's own tables stay off)."""
 
-    def __new__(cls, total: int, max_epochs: int):
+    def __new__(cls, total: int, max_epochs: int, metric: str):
         from ray.tune import Callback
 
         class Printer(Callback):
@@ -210,15 +246,15 @@ class _Progress:
             def on_trial_complete(self, iteration, trials, trial, **info):
                 self.done += 1
                 last = trial.last_result or {}
-                figure = ", ".join(f"{k} {last[k]:.4g}" for k in ("val/loss",) if k in last)
+                figure = ", ".join(f"{k} {last[k]:.4g}" for k in dict.fromkeys((metric, "val/loss")) if k in last)
                 epochs = int(last.get("epoch", 0))
                 early = " (stopped early)" if epochs < max_epochs else ""
-                say(f"trial {self.done}/{total} {trial.trial_id} ({_label(trial.config['params'])}): "
+                say(f"trial {self.done}/{total} {trial.trial_id} ({label(trial.config['params'])}): "
                     f"{epochs} epoch(s){early}{', ' + figure if figure else ''}")
 
             def on_trial_error(self, iteration, trials, trial, **info):
                 self.done += 1
-                say(f"trial {self.done}/{total} {trial.trial_id} ({_label(trial.config['params'])}) failed; "
+                say(f"trial {self.done}/{total} {trial.trial_id} ({label(trial.config['params'])}) failed; "
                     f"see {trial.local_path}")
 
         return Printer()
@@ -232,14 +268,18 @@ def run_sweep(cfg: SweepConfig, ctx: JobContext, axes: list[Axis], trial_cfgs: l
 
     sweep_dir = Path(ctx.out_dir).resolve()
     tune_dir = sweep_dir / "tune"
-    trainable = tune.with_resources(trial_fn, {"CPU": TRIAL_CPUS})
-    epochs = max(tc.train.epochs for tc in trial_cfgs)
+    if cfg.job == "forecast_e2e":
+        from wxray.tune.calibration import forecast_trial_fn as fn
+    else:
+        fn = trial_fn
+    trainable = tune.with_resources(fn, trial_resources(trial_cfgs[0]))
+    epochs = max_epochs(trial_cfgs)
     scheduler = (cooperative_asha(time_attr="epoch", max_t=epochs, grace_period=min(cfg.grace_period, epochs),
                                   reduction_factor=cfg.reduction_factor)
                  if cfg.scheduler == "asha" else FIFOScheduler())
     total = n_trials(axes, cfg.num_samples)
     run_config = tune.RunConfig(name="tune", storage_path=str(sweep_dir), verbose=0,
-                                callbacks=[_Progress(total, epochs)],
+                                callbacks=[_Progress(total, epochs, cfg.metric)],
                                 failure_config=tune.FailureConfig(max_failures=0))
     if tune.Tuner.can_restore(str(tune_dir)):
         say(f"restoring the sweep in {tune_dir}: finished trials are kept, the others run or resume")
@@ -258,6 +298,11 @@ def run_sweep(cfg: SweepConfig, ctx: JobContext, axes: list[Axis], trial_cfgs: l
         # verbose=0 prints nothing, and the sweep's own lines (_Progress) say what a user needs.
         os.environ["RAY_AIR_NEW_OUTPUT"] = "0"
     return tuner.fit()
+
+
+def max_epochs(trial_cfgs: list) -> int:
+    """The epochs of the longest trial (0 for inference trials)."""
+    return max(tc.train.epochs if hasattr(tc, "train") else 0 for tc in trial_cfgs)
 
 
 def _space(cfg: SweepConfig, axes: list[Axis], ctx: JobContext, base: dict[str, Any]) -> dict[str, Any]:
@@ -290,18 +335,19 @@ def sweep(cfg: SweepConfig, ctx: JobContext) -> dict[str, Any]:
     from wxray.config import from_dict, resolve_paths
     from wxray.io import resolve_path
     from wxray.platform import accelerators as acc
-    from wxray.platform.train_config import TrainSparseConfig
     from wxray.tune import results
 
+    cls = cfg.job_config_class()
     try:
-        base_cfg = from_dict(TrainSparseConfig, cfg.base_dict())
+        base_cfg = from_dict(cls, cfg.base_dict())
     except ConfigError as e:
-        raise ConfigError(f"the trials' base config (base={cfg.base or '-'} + overrides): {e}") from None
+        raise ConfigError(f"the trials' base config (job={cfg.job}, base={cfg.base or '-'} + overrides): {e}") \
+            from None
     resolve_paths(base_cfg, resolve_path)  # trials run in Tune's trial directories: no relative paths
     base = to_dict(base_cfg)
-    axes = parse_space(cfg.space, base, cfg.repeat)
-    trial_cfgs = [base_cfg] + [trial_config(base, {a.key: v}) for a in axes for v in a.values]
-    check_metric(cfg, base_cfg)
+    axes = parse_space(cfg.space, base, cfg.repeat, cls)
+    trial_cfgs = [base_cfg] + [trial_config(base, {a.key: v}, cls) for a in axes for v in a.values]
+    check_metric(cfg, trial_cfgs)
     acc.ensure_ray(cfg.ray_address, timeout_s=cfg.ray_timeout_s)
     n_concurrent = concurrency(cfg, trial_cfgs, cfg.tracking.uri if cfg.tracking.enabled else "")
     total = n_trials(axes, cfg.num_samples)
@@ -312,8 +358,7 @@ def sweep(cfg: SweepConfig, ctx: JobContext) -> dict[str, Any]:
     grid = run_sweep(cfg, ctx, axes, trial_cfgs, n_concurrent, base)
 
     out = Path(ctx.out_dir)
-    max_t = max(tc.train.epochs for tc in trial_cfgs)
-    table = results.collect(grid, axes, cfg.metric, max_t)
+    table = results.collect(grid, axes, cfg.metric, max_epochs(trial_cfgs))
     _mark_stopped(table, to_dict(cfg.tracking))
     summary = results.summarise(table, axes, cfg.metric)
     files = [results.write_csv(out / "results.csv", table)]
@@ -322,7 +367,7 @@ def sweep(cfg: SweepConfig, ctx: JobContext) -> dict[str, Any]:
     png = results.plot(out / "sweep.png", table, summary, axes, cfg.metric, cfg.mode)
     best = results.best_row(table, cfg.metric, cfg.mode)
     if best is not None:
-        files.append(results.write_best_config(out / "best_config.yaml", best, axes, base, cfg.metric))
+        files.append(results.write_best_config(out / "best_config.yaml", best, axes, base, cfg.metric, cls))
     for f in files + ([png] if png else []):
         ctx.tracker.log_artifact(f)
     if best is not None:

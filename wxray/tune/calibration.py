@@ -1,0 +1,86 @@
+"""Inference-time sweeps (`job: forecast_e2e`): a trial is one jobs/forecast_e2e.py ensemble of a trained
+end-to-end chain, scored by jobs/evaluate.py against the chain's store. The paper picks the processor's
+inference dropout rate p this way (configs/sweeps/dropout.yaml): the rate whose spread-skill ratio is
+closest to 1.
+
+Each trial reports once, from the evaluation's scorecard over the leads after the analysis (lead 0 has no
+dropout spread):
+
+    ssr_distance   mean over channels and leads of |SSR - 1|   (the paper's criterion; min)
+    mean_ssr       mean SSR
+    crps/<channel>, rmse/<channel>    means over leads (fair CRPS; ensemble-mean RMSE)
+
+The trial's MLflow child run is the forecast's; the evaluation runs untracked in `<trial dir>/evaluate`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+SUMMARY_METRICS = ("ssr_distance", "mean_ssr")
+
+
+def check_trial(base_cfg) -> set[str]:
+    """Load what every trial forecasts with (the chain; its stochastic parts when the trial draws members), so
+    a missing stage is one line before any trial starts; the metrics a trial reports."""
+    from wxray.platform.ensemble_e2e import load_stochastic
+    from wxray.platform.forecast_e2e import load_chain
+
+    tcfg, data, *_ = load_chain(base_cfg)
+    if base_cfg.members_m * base_cfg.members_n > 1:
+        load_stochastic(Path(base_cfg.stages), tcfg, data, base_cfg.members_m, base_cfg.members_n,
+                        base_cfg.dropout)
+    channels = [c.name for c in data.spec.targets]
+    return set(SUMMARY_METRICS) | {f"{m}/{c}" for m in ("crps", "rmse") for c in channels}
+
+
+def scorecard_metrics(scorecard: Path) -> dict[str, float]:
+    """The trial's report (module doc) from an evaluation's scorecard.csv."""
+    card = pd.read_csv(scorecard)
+    card = card[card["lead_hours"] > 0]
+    ssr = card.loc[card["metric"] == "ssr", "value"].astype(float)
+    out = {"ssr_distance": float((ssr - 1).abs().mean()), "mean_ssr": float(ssr.mean())}
+    for metric in ("crps", "rmse"):
+        rows = card[card["metric"] == metric]
+        out.update({f"{metric}/{ch}": float(v) for ch, v in rows.groupby("channel")["value"].mean().items()})
+    return out
+
+
+def forecast_trial_fn(config: dict[str, Any]) -> None:
+    """One calibration trial: forecast_e2e with this trial's values (its own run directory and child MLflow
+    run), then the evaluation, then one report to Tune."""
+    from ray import tune
+
+    from wxray.io import write_json
+    from wxray.job import JobContext
+    from wxray.platform.forecast_e2e import ForecastE2EConfig, forecast_e2e
+    from wxray.tune.space import trial_config
+    from wxray.tune.sweep import child_run, label
+    from wxray.verify.evaluate import EvaluateConfig, evaluate
+
+    trial_id = tune.get_context().get_trial_id()
+    trial_dir = Path(config["sweep_dir"]) / "trials" / trial_id
+    cfg = trial_config(config["base"], config["params"], ForecastE2EConfig)
+    cfg.out_dir, cfg.run_name = str(trial_dir), f"{trial_id}: {label(config['params'])}"
+    for k, v in config["tracking"].items():
+        setattr(cfg.tracking, k, v)
+    child_run(config["tracking"], config["parent_run_id"], trial_dir, cfg.run_name)
+    ctx = JobContext("forecast_e2e", cfg, trial_dir)
+    try:
+        result = forecast_e2e(cfg, ctx)
+        ev_dir = trial_dir / "evaluate"
+        ev = EvaluateConfig(forecast=result["forecast"], truth=result["store"], plots=False, out_dir=str(ev_dir))
+        ev.tracking.enabled = False
+        evaluate(ev, JobContext("evaluate", ev, ev_dir))
+        metrics = scorecard_metrics(ev_dir / "scorecard.csv")
+        ctx.tracker.log_metrics(metrics)
+    except BaseException:
+        if ctx.started:
+            ctx.tracker.end("FAILED")
+        raise
+    write_json(trial_dir / "summary.json", {**result, **metrics, "out_dir": str(trial_dir), "trial_id": trial_id})
+    ctx.tracker.end("FINISHED")
+    tune.report(metrics)
