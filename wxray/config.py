@@ -119,6 +119,17 @@ def _wants_text(tp: Any) -> bool:
     return False
 
 
+def _parsed(value: Any) -> Any:
+    """An untyped value with every CLI override inside it as YAML reads it (nested under a mapping key)."""
+    if isinstance(value, RawOverride):
+        return value.parsed
+    if isinstance(value, dict):
+        return {k: _parsed(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_parsed(v) for v in value]
+    return value
+
+
 def _coerce(value: Any, tp: Any, key: str) -> Any:
     """Return `value` converted to `tp`, or raise ConfigError naming `key`."""
     origin = get_origin(tp)
@@ -171,7 +182,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         kt, vt = get_args(tp) or (Any, Any)
         return {_coerce(k, kt, f"{key}.{k}"): _coerce(v, vt, f"{key}.{k}") for k, v in value.items()}
     if tp is Any:
-        return value
+        return _parsed(value)
     if tp is bool:
         if isinstance(value, bool):
             return value

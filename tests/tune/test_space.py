@@ -62,3 +62,13 @@ def test_the_paper_sweeps_cover_fig5_table4_and_table5():
     assert spaces["split"]["model.split"]["grid"] == [[1, 10, 1], [2, 8, 2], [3, 6, 3], [4, 4, 4]]
     assert "random" in spaces["selection"]["model.selection"]["grid"]
     assert spaces["dropout"]["dropout"]["grid"] == [0.05, 0.1, 0.2]  # the paper's calibration of p
+
+
+def test_sweep_overrides_from_yaml_and_command_line_merge_key_by_key(monkeypatch):
+    root = SWEEPS[0].parents[2]
+    monkeypatch.chdir(root)
+    cfg = load_config(SweepConfig, ["--config", str(root / "configs/sweeps/keep_ratio.yaml"),
+                                    "overrides.scaling.use_gpu=true", "overrides.train.epochs=3"])
+    base = cfg.base_dict()
+    assert base["scaling"]["use_gpu"] is True and base["train"]["epochs"] == 3
+    assert base["train"]["rollout_steps"] == 0 and base["model"]["depth"] == 12  # the YAML's overrides stay

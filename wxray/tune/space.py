@@ -52,15 +52,19 @@ class Axis:
 
 
 def nest(flat: dict[str, Any]) -> dict[str, Any]:
-    """{"model.keep_ratio": 0.5} -> {"model": {"keep_ratio": 0.5}}."""
+    """{"model.keep_ratio": 0.5} -> {"model": {"keep_ratio": 0.5}}; dotted and nested keys may mix (a YAML
+    `train.epochs: 10` beside a CLI `overrides.train.rollout_steps=0`), later ones win key by key."""
     out: dict[str, Any] = {}
     for key, value in flat.items():
-        node = out
         *parents, leaf = key.split(".")
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[leaf] = value
+        out = deep_merge(out, _tree(parents + [leaf], value))
     return out
+
+
+def _tree(path: list[str], value: Any) -> dict[str, Any]:
+    for p in reversed(path):
+        value = {p: value}
+    return value
 
 
 def trial_config(base: dict[str, Any], params: dict[str, Any], cls: type = TrainSparseConfig):
