@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Annotated, Literal
 
-from wxray.config import Fraction, InPath, NonNegFloat, NonNegInt, PosFloat, PosInt, Probability, Range, Seed
+from wxray.config import AnyFloat, Fraction, InPath, NonNegFloat, NonNegInt, PosFloat, PosInt, Probability, Range, Seed
 from wxray.errors import ConfigError
 from wxray.job import JobConfig
 from wxray.platform.accelerators import Precision, ScalingCfg
@@ -34,13 +34,10 @@ class ModelConfig:
     # BCE weight of selection=learned's difficulty head. Its gradient reaches the head alone, so under AdamW
     # the weight hardly changes the head's steps; kept small so it takes little of the grad-clip norm.
     selector_loss_weight: NonNegFloat = 0.01
-    # name=edm only (Eq. 6): the std of the normalised target (1 for standardised tendencies) and the
-    # log-normal training noise levels, ln sigma ~ N(p_mean, p_std^2) (EDM's image defaults)
-    sigma_data: PosFloat = 1.0
-    p_mean: float = -1.2
-    p_std: PosFloat = 1.2
-    # edm: also add the conditioning tokens Z_c to the noisy target's tokens (the paper: cross-attention only)
-    local_condition: bool = False
+    sigma_data: PosFloat = 1.0  # edm: std of the normalised target (1 for standardised tendencies)
+    p_mean: AnyFloat = -1.2  # edm: training noise levels ln sigma ~ N(p_mean, p_std^2) (EDM's image default)
+    p_std: PosFloat = 1.2  # edm: see p_mean
+    local_condition: bool = False  # edm: also add Z_c to the noisy target's tokens (paper: cross-attention only)
 
     @property
     def generative(self) -> bool:
@@ -67,10 +64,10 @@ class SamplerConfig:
     """How model.name=edm draws a forecast (Karras et al. 2022): heun = Algorithm 1 (deterministic ODE
     steps from a random start), stochastic = Algorithm 2 (adds churn). Unused by the other models."""
 
-    kind: Literal["heun", "stochastic"] = "heun"
+    kind: Literal["heun", "stochastic"] = "heun"  # heun: Algorithm 1; stochastic: Algorithm 2 (churn)
     steps: PosInt = 18  # noise levels N; 2N - 1 denoiser calls per sample
-    sigma_min: PosFloat = 0.002
-    sigma_max: PosFloat = 80.0
+    sigma_min: PosFloat = 0.002  # the last noise level before 0
+    sigma_max: PosFloat = 80.0  # the first noise level (the initial noise's std)
     rho: PosFloat = 7.0  # schedule curvature
     s_churn: NonNegFloat = 0.0  # stochastic only: total churn (gamma_i = min(s_churn / N, sqrt 2 - 1))
     s_min: NonNegFloat = 0.0  # stochastic only: churn where s_min <= t_i <= s_max

@@ -177,7 +177,7 @@ def _set_state(model, opt, model_sd: dict, opt_sd: dict | None) -> None:
 
 
 def validate(model, batches, spec: WindowSpec, lat_w: torch.Tensor, device, world: int, dtype,
-             seed: int, dummy: dict, model_cfg: ModelConfig, sampler: SamplerConfig,
+             seed: int, dummy: dict, model_cfg: ModelConfig | None = None, sampler: SamplerConfig | None = None,
              final: bool = True) -> dict[str, float]:
     """Normalised loss and latitude-weighted RMSE per target channel in physical units.
 
@@ -185,6 +185,7 @@ def validate(model, batches, spec: WindowSpec, lat_w: torch.Tensor, device, worl
     sample per window drawn with `sampler`, costs 2 x sampler.steps - 1 forwards, so only the `final`
     validation computes it.
     """
+    model_cfg, sampler = model_cfg or ModelConfig(), sampler or SamplerConfig()  # default: a deterministic model
     model.eval()
     forecaster = as_forecaster(model, model_cfg, sampler)
     score = final or not model_cfg.generative

@@ -52,13 +52,13 @@ class SweepConfig(JobConfig):
     # what ASHA and the best config go by: val/loss, val/rmse/<channel>, train/epoch_loss (train_sparse);
     # ssr_distance, mean_ssr, crps/<channel>, rmse/<channel> (forecast_e2e)
     metric: str = "val/loss"
-    mode: Literal["min", "max"] = "min"
+    mode: Literal["min", "max"] = "min"  # min: lower metric is better; max: higher
     scheduler: Literal["asha", "fifo"] = "asha"  # asha: stop poor trials early; fifo: every trial to the end
     grace_period: PosInt = 1  # ASHA: epochs every trial runs before it may be stopped
     reduction_factor: Annotated[float, Range(1, lo_open=True)] = 2.0  # ASHA: keep the top 1/this at each rung
     max_concurrent_trials: NonNegInt = 0  # 0 = as many as the cluster holds (1 with a sqlite tracking store)
     ray_address: str = ""  # Ray cluster (host:port); "" = RAY_ADDRESS (ray job submit) or a new local one
-    ray_timeout_s: Annotated[float, Range(0, lo_open=True)] = 60.0
+    ray_timeout_s: Annotated[float, Range(0, lo_open=True)] = 60.0  # give up on an unreachable ray_address after this
 
     experiment = "wxray-sweep"
 
