@@ -54,33 +54,22 @@ def forecast_trial_fn(config: dict[str, Any]) -> None:
     run), then the evaluation, then one report to Tune."""
     from ray import tune
 
-    from wxray.io import write_json
     from wxray.job import JobContext
     from wxray.platform.forecast_e2e import ForecastE2EConfig, forecast_e2e
-    from wxray.tune.space import trial_config
-    from wxray.tune.sweep import child_run, label
+    from wxray.tune.sweep import run_trial
     from wxray.verify.evaluate import EvaluateConfig, evaluate
 
-    trial_id = tune.get_context().get_trial_id()
-    trial_dir = Path(config["sweep_dir"]) / "trials" / trial_id
-    cfg = trial_config(config["base"], config["params"], ForecastE2EConfig)
-    cfg.out_dir, cfg.run_name = str(trial_dir), f"{trial_id}: {label(config['params'])}"
-    for k, v in config["tracking"].items():
-        setattr(cfg.tracking, k, v)
-    child_run(config["tracking"], config["parent_run_id"], trial_dir, cfg.run_name)
-    ctx = JobContext("forecast_e2e", cfg, trial_dir)
-    try:
+    metrics: dict[str, float] = {}
+
+    def work(cfg, ctx):
         result = forecast_e2e(cfg, ctx)
-        ev_dir = trial_dir / "evaluate"
+        ev_dir = Path(cfg.out_dir) / "evaluate"
         ev = EvaluateConfig(forecast=result["forecast"], truth=result["store"], plots=False, out_dir=str(ev_dir))
         ev.tracking.enabled = False
         evaluate(ev, JobContext("evaluate", ev, ev_dir))
-        metrics = scorecard_metrics(ev_dir / "scorecard.csv")
+        metrics.update(scorecard_metrics(ev_dir / "scorecard.csv"))
         ctx.tracker.log_metrics(metrics)
-    except BaseException:
-        if ctx.started:
-            ctx.tracker.end("FAILED")
-        raise
-    write_json(trial_dir / "summary.json", {**result, **metrics, "out_dir": str(trial_dir), "trial_id": trial_id})
-    ctx.tracker.end("FINISHED")
+        return {**result, **metrics}
+
+    run_trial(config, ForecastE2EConfig, "forecast_e2e", work)
     tune.report(metrics)

@@ -115,7 +115,7 @@ def best_row(table: pd.DataFrame, metric: str, mode: str) -> pd.Series | None:
 def write_best_config(path: Path, row: pd.Series, axes: list[Axis], base: dict[str, Any], metric: str,
                       cls: type) -> Path:
     """The best trial's whole config of the swept job (`cls`), loadable with that job's --config."""
-    params = {a.key: list(row[a.key]) if isinstance(row[a.key], tuple) else _py(row[a.key]) for a in axes}
+    params = {a.key: list(row[a.key]) if isinstance(row[a.key], tuple) else plain_value(row[a.key]) for a in axes}
     cfg = trial_config(base, params, cls)
     cfg.out_dir, cfg.run_name = "", ""
     job = "train_sparse" if hasattr(cfg, "train") else "forecast_e2e"
@@ -124,7 +124,7 @@ def write_best_config(path: Path, row: pd.Series, axes: list[Axis], base: dict[s
     return write_text(path, head + dump_yaml(cfg))
 
 
-def _py(v):
+def plain_value(v):
     return v.item() if isinstance(v, np.generic) else v
 
 

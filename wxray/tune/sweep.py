@@ -183,34 +183,29 @@ def child_run(tracking: dict[str, Any], parent_id: str, trial_dir: Path, name: s
     return run.info.run_id
 
 
-def trial_fn(config: dict[str, Any]) -> None:
-    """One trial: the training job with this trial's values, in its own run directory and child MLflow run."""
+def trial_dir_of(config: dict[str, Any]) -> tuple[str, Path]:
+    """(trial id, run directory <sweep dir>/trials/<trial id>) of the running Tune trial."""
     from ray import tune
-    from ray.tune.integration.ray_train import TuneReportCallback
-
-    from wxray.io import write_json
-    from wxray.platform.trainer import train_sparse
 
     trial_id = tune.get_context().get_trial_id()
-    cfg = trial_config(config["base"], config["params"])
-    trial_dir = Path(config["sweep_dir"]) / "trials" / trial_id
-    last = trial_dir / LAST_REPORT
-    if (trial_dir / "summary.json").exists() and last.exists():
-        # Finished before the sweep was interrupted, after Tune's last snapshot: report the result again
-        # rather than train or evaluate again.
-        tune.report(json.loads(last.read_text()))
-        return
+    return trial_id, Path(config["sweep_dir"]) / "trials" / trial_id
+
+
+def run_trial(config: dict[str, Any], cls: type, job: str, work) -> dict[str, Any]:
+    """A trial as a run of `job`: its config (`cls`) is the base with this trial's values, its run directory
+    `trial_dir_of`, its MLflow run a child of the sweep's. `work(cfg, ctx)` does the job's work and returns
+    its result, written as the trial's summary.json; a failure ends the child run FAILED."""
+    from wxray.io import write_json
+
+    trial_id, trial_dir = trial_dir_of(config)
+    cfg = trial_config(config["base"], config["params"], cls)
     cfg.out_dir, cfg.run_name = str(trial_dir), f"{trial_id}: {label(config['params'])}"
     for k, v in config["tracking"].items():
         setattr(cfg.tracking, k, v)
-    cfg.train.checkpoint_every = 1  # a trial told to stop ends on the checkpoint of that epoch
     child_run(config["tracking"], config["parent_run_id"], trial_dir, cfg.run_name)
-    decisions = decisions_dir(config["sweep_dir"], trial_id)
-    shutil.rmtree(decisions, ignore_errors=True)  # a restored trial replays its epochs: decide them afresh
-    ctx = JobContext("train_sparse", cfg, trial_dir)
+    ctx = JobContext(job, cfg, trial_dir)
     try:
-        result = train_sparse(cfg, ctx, callbacks=[TuneReportCallback(), _last_report(last)],
-                              decisions=str(decisions) if config["cooperative"] else "")
+        result = work(cfg, ctx)
     except BaseException:
         if ctx.started:
             ctx.tracker.end("FAILED")
@@ -218,6 +213,33 @@ def trial_fn(config: dict[str, Any]) -> None:
     write_json(trial_dir / "summary.json", {**result, "out_dir": str(trial_dir), "trial_id": trial_id})
     ctx.tracker.log_artifact(trial_dir / "summary.json")
     ctx.tracker.end("FINISHED")
+    return result
+
+
+def trial_fn(config: dict[str, Any]) -> None:
+    """One trial: the training job with this trial's values (run_trial)."""
+    from ray import tune
+    from ray.tune.integration.ray_train import TuneReportCallback
+
+    from wxray.platform.train_config import TrainSparseConfig
+    from wxray.platform.trainer import train_sparse
+
+    trial_id, trial_dir = trial_dir_of(config)
+    last = trial_dir / LAST_REPORT
+    if (trial_dir / "summary.json").exists() and last.exists():
+        # Finished before the sweep was interrupted, after Tune's last snapshot: report the result again
+        # rather than train or evaluate again.
+        tune.report(json.loads(last.read_text()))
+        return
+    decisions = decisions_dir(config["sweep_dir"], trial_id)
+    shutil.rmtree(decisions, ignore_errors=True)  # a restored trial replays its epochs: decide them afresh
+
+    def work(cfg, ctx):
+        cfg.train.checkpoint_every = 1  # a trial told to stop ends on the checkpoint of that epoch
+        return train_sparse(cfg, ctx, callbacks=[TuneReportCallback(), _last_report(last)],
+                            decisions=str(decisions) if config["cooperative"] else "")
+
+    run_trial(config, TrainSparseConfig, "train_sparse", work)
 
 
 def _last_report(path: Path):
@@ -233,31 +255,30 @@ def _last_report(path: Path):
     return LastReport()
 
 
-class _Progress:
-    """A Tune callback printing one line per finished or stopped trial (Tune's own tables stay off)."""
+def progress_callback(total: int, max_epochs: int, metric: str):
+    """A Tune callback printing one line per finished or stopped trial (Tune's own tables stay off);
+    built here so that importing this module does not import Ray."""
+    from ray.tune import Callback
 
-    def __new__(cls, total: int, max_epochs: int, metric: str):
-        from ray.tune import Callback
+    class Printer(Callback):
+        def __init__(self):
+            self.done = 0
 
-        class Printer(Callback):
-            def __init__(self):
-                self.done = 0
+        def on_trial_complete(self, iteration, trials, trial, **info):
+            self.done += 1
+            last = trial.last_result or {}
+            figure = ", ".join(f"{k} {last[k]:.4g}" for k in dict.fromkeys((metric, "val/loss")) if k in last)
+            epochs = int(last.get("epoch", 0))
+            early = " (stopped early)" if epochs < max_epochs else ""
+            say(f"trial {self.done}/{total} {trial.trial_id} ({label(trial.config['params'])}): "
+                f"{epochs} epoch(s){early}{', ' + figure if figure else ''}")
 
-            def on_trial_complete(self, iteration, trials, trial, **info):
-                self.done += 1
-                last = trial.last_result or {}
-                figure = ", ".join(f"{k} {last[k]:.4g}" for k in dict.fromkeys((metric, "val/loss")) if k in last)
-                epochs = int(last.get("epoch", 0))
-                early = " (stopped early)" if epochs < max_epochs else ""
-                say(f"trial {self.done}/{total} {trial.trial_id} ({label(trial.config['params'])}): "
-                    f"{epochs} epoch(s){early}{', ' + figure if figure else ''}")
+        def on_trial_error(self, iteration, trials, trial, **info):
+            self.done += 1
+            say(f"trial {self.done}/{total} {trial.trial_id} ({label(trial.config['params'])}) failed; "
+                f"see {trial.local_path}")
 
-            def on_trial_error(self, iteration, trials, trial, **info):
-                self.done += 1
-                say(f"trial {self.done}/{total} {trial.trial_id} ({label(trial.config['params'])}) failed; "
-                    f"see {trial.local_path}")
-
-        return Printer()
+    return Printer()
 
 
 def run_sweep(cfg: SweepConfig, ctx: JobContext, axes: list[Axis], trial_cfgs: list, n_concurrent: int,
@@ -279,7 +300,7 @@ def run_sweep(cfg: SweepConfig, ctx: JobContext, axes: list[Axis], trial_cfgs: l
                  if cfg.scheduler == "asha" else FIFOScheduler())
     total = n_trials(axes, cfg.num_samples)
     run_config = tune.RunConfig(name="tune", storage_path=str(sweep_dir), verbose=0,
-                                callbacks=[_Progress(total, epochs, cfg.metric)],
+                                callbacks=[progress_callback(total, epochs, cfg.metric)],
                                 failure_config=tune.FailureConfig(max_failures=0))
     if tune.Tuner.can_restore(str(tune_dir)):
         say(f"restoring the sweep in {tune_dir}: finished trials are kept, the others run or resume")
@@ -375,6 +396,6 @@ def sweep(cfg: SweepConfig, ctx: JobContext) -> dict[str, Any]:
     counts = {k: int(table[k].sum()) if len(table) else 0 for k in ("finished", "stopped_early", "failed")}
     return {"trials": int(len(table)), **counts, "metric": cfg.metric,
             "best": None if best is None else {"trial_id": best["trial_id"], cfg.metric: float(best[cfg.metric]),
-                                               **{a.key: results._py(best[a.key]) for a in axes}},
+                                               **{a.key: results.plain_value(best[a.key]) for a in axes}},
             "best_config": str(out / "best_config.yaml") if best is not None else None,
             "results": str(out / "results.csv"), "plot": str(png) if png else None}
