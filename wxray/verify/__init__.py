@@ -4,6 +4,16 @@ No Ray here: these are plain functions over per-lead fields and per-initialisati
 the same code scores a forecast on a laptop or inside a Ray task.
 """
 
+from wxray.verify.anova import (
+    MOMENT,
+    MOMENTS,
+    ROUTING_DRAW,
+    empty_moments,
+    group_moments,
+    merge_moments,
+    moments_anova,
+    nested_anova3,
+)
 from wxray.verify.deterministic import acc, bias, climatology_at, mae, mse, rmse, ssim
 from wxray.verify.ensemble import (
     DROPOUT_DRAW,
@@ -49,12 +59,13 @@ from wxray.verify.stations import (
 )
 
 __all__ = [
-    "DROPOUT_DRAW", "ENCODER_DRAW", "MEMBER", "MEMBER_DIMS", "REGIONS", "Region",
+    "DROPOUT_DRAW", "ENCODER_DRAW", "MEMBER", "MEMBER_DIMS", "MOMENT", "MOMENTS", "REGIONS", "ROUTING_DRAW", "Region",
     "acc", "bartlett_long_run_variance", "bias", "bilinear_at_points", "block_bootstrap", "branch_spread_skill",
     "circular_block_indices", "climatology_at", "correlation_length", "crps", "crps_ecdf", "crps_fair",
-    "crps_field", "diebold_mariano", "ensemble_mean", "ensemble_mean_rmse", "ensemble_size",
-    "ensemble_variance", "finite_size_factor", "flatten_members", "lag1_autocorrelation",
-    "latitude_weights", "mae", "mse", "nested_anova", "nested_spread_skill", "open_forecast", "open_truth",
+    "crps_field", "diebold_mariano", "empty_moments", "ensemble_mean", "ensemble_mean_rmse", "ensemble_size",
+    "ensemble_variance", "finite_size_factor", "flatten_members", "group_moments", "lag1_autocorrelation",
+    "latitude_weights", "mae", "merge_moments", "moments_anova", "mse", "nested_anova", "nested_anova3",
+    "nested_spread_skill", "open_forecast", "open_truth",
     "pair_with_truth", "persistence_forecast", "rank_histogram", "read_station_forecasts", "read_station_truth",
     "region_mask", "regrid_like", "rmse", "spatial_mean", "spread", "spread_skill_from_means",
     "spread_skill_ratio", "ssim", "station_forecasts_from_grid", "station_report", "station_scores", "truth_at",

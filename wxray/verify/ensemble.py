@@ -1,9 +1,10 @@
-"""Ensemble scores over named member dims, and the nested random-effects ANOVA split.
+"""Ensemble scores over named member dims, and the spread-skill of the nested ANOVA split.
 
 Member dims are always named (`member`, or the nested `encoder_draw` x `dropout_draw` of the
 stochastic-encoder ensemble). A metric that needs a single member dim flattens nested dims only when
 it is given a tuple of dims: nothing is flattened behind the caller's back, because the ANOVA split
-needs the nesting that a silent flatten would destroy.
+needs the nesting that a silent flatten would destroy. The split itself (`nested_anova`, with the
+nested dim names) lives in `wxray.verify.anova` and is re-exported here.
 """
 
 from __future__ import annotations
@@ -16,12 +17,11 @@ from scores.probability import rank_histogram as _scores_rank_histogram
 
 from wxray.data.schema import LAT, LON
 from wxray.errors import DataError
+from wxray.verify.anova import DROPOUT_DRAW, ENCODER_DRAW, nested_anova
 from wxray.verify.deterministic import RegionLike, mse
 from wxray.verify.spatial import latitude_weights, region_mask, spatial_mean
 
 MEMBER = "member"
-ENCODER_DRAW = "encoder_draw"
-DROPOUT_DRAW = "dropout_draw"
 MEMBER_DIMS = (MEMBER, ENCODER_DRAW, DROPOUT_DRAW)
 
 MemberDims = str | Sequence[str]
@@ -206,40 +206,6 @@ def rank_histogram(forecast: xr.DataArray, truth: xr.DataArray, member_dim: Memb
     keep = list(preserve_dims) if preserve_dims else None
     out = _scores_rank_histogram(forecast, truth, dim, preserve_dims=keep, weights=weights)
     return out.rename("rank_histogram")
-
-
-def nested_anova(forecast: xr.DataArray, group_dim: str = ENCODER_DRAW, replicate_dim: str = DROPOUT_DRAW,
-                 clip: bool = True) -> xr.Dataset:
-    """One-way random-effects ANOVA split of a nested M x N ensemble, pointwise.
-
-    MS_B = N/(M-1) sum_i (ybar_i - ybar)^2, MS_W = sum_ij (y_ij - ybar_i)^2 / (M(N-1)),
-    U_drop = MS_W, U_enc = max(0, (MS_B - MS_W)/N). The MS_W/N subtraction removes the dropout noise
-    every group mean still carries; without it the encoder share is overstated. The clip at zero makes
-    U_enc slightly biased upwards when the true encoder variance is small (`clip=False` keeps the
-    unbiased, possibly negative estimate). rho_drop = U_drop / (U_enc + U_drop).
-    """
-    name = forecast.name or "forecast"
-    for dim in (group_dim, replicate_dim):
-        if dim not in forecast.dims:
-            raise DataError(f"{name}: the ANOVA split needs dim '{dim}' (dims: {forecast.dims})")
-    m, n = forecast.sizes[group_dim], forecast.sizes[replicate_dim]
-    if m < 2:
-        raise DataError(f"{name}: the ANOVA split needs at least 2 groups along '{group_dim}', got {m}")
-    if n < 2:
-        raise DataError(f"{name}: the ANOVA split needs at least 2 replicates along '{replicate_dim}', "
-                        f"got {n}")
-    group_mean = forecast.mean(replicate_dim)
-    grand_mean = group_mean.mean(group_dim)
-    ms_b = n / (m - 1) * ((group_mean - grand_mean) ** 2).sum(group_dim)
-    ms_w = ((forecast - group_mean) ** 2).sum([group_dim, replicate_dim]) / (m * (n - 1))
-    u_enc = (ms_b - ms_w) / n
-    if clip:
-        u_enc = u_enc.clip(min=0.0)
-    u_total = u_enc + ms_w
-    with np.errstate(divide="ignore", invalid="ignore"):
-        rho_drop = ms_w / u_total
-    return xr.Dataset({"ms_b": ms_b, "ms_w": ms_w, "u_enc": u_enc, "u_drop": ms_w, "u_total": u_total,
-                       "rho_drop": rho_drop})
 
 
 def branch_spread_skill(mean_u_enc, mean_u_drop, mean_mse, n_members: int) -> dict[str, object]:
