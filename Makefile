@@ -14,8 +14,16 @@ RAY_PORT ?= 6379
 RAY_DASHBOARD_PORT ?= 8265
 RAY_CPUS ?= $(shell nproc)
 HEAD_PID := runs/ray-head.pid
+# `make mlflow-server`: one tracking server for jobs on every node. Loopback unless MLFLOW_HOST opts in to a
+# private address the nodes can reach; extra flags (--allowed-hosts, --app-name basic-auth) in MLFLOW_SERVER_ARGS.
+MLFLOW_HOST ?= 127.0.0.1
+MLFLOW_PORT ?= 5000
+MLFLOW_SERVER_ARGS ?=
+MLFLOW_PID := runs/mlflow-server.pid
+MLFLOW_PROBE_HOST = $(if $(filter 0.0.0.0 ::,$(MLFLOW_HOST)),127.0.0.1,$(MLFLOW_HOST))
 
-.PHONY: setup demo demo-e2e demo-edm calibrate-dropout test test-fast lint bench mlflow-ui clean train ray-up submit ray-down
+.PHONY: setup demo demo-e2e demo-edm calibrate-dropout test test-fast lint bench mlflow-ui clean train ray-up submit ray-down \
+	mlflow-server mlflow-server-down
 
 setup: $(STAMP)
 
@@ -93,6 +101,31 @@ bench: setup
 
 mlflow-ui: setup
 	$(BIN)/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/runs/mlflow.db --host 127.0.0.1 --port 5000
+
+# A tracking server (sqlite under runs/, artifacts served through the server) for jobs on a cluster: they log over
+# HTTP with MLFLOW_TRACKING_URI=http://<host>:$(MLFLOW_PORT), never to a shared sqlite file. setsid puts the server
+# and its workers in one process group, so `make mlflow-server-down` stops exactly them.
+mlflow-server: setup
+	@mkdir -p runs/mlflow-server-artifacts
+	@if [ -f $(MLFLOW_PID) ] && kill -0 $$(cat $(MLFLOW_PID)) 2>/dev/null; then \
+		echo "an MLflow server started by make is already running (pid $$(cat $(MLFLOW_PID)))"; exit 1; fi
+	setsid nohup $(BIN)/mlflow server --host $(MLFLOW_HOST) --port $(MLFLOW_PORT) \
+		--backend-store-uri sqlite:///$(CURDIR)/runs/mlflow-server.db \
+		--serve-artifacts --artifacts-destination $(CURDIR)/runs/mlflow-server-artifacts \
+		$(MLFLOW_SERVER_ARGS) > runs/mlflow-server.log 2>&1 & echo $$! > $(MLFLOW_PID)
+	@for i in $$(seq 60); do \
+		if $(BIN)/python -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=2)" \
+			http://$(MLFLOW_PROBE_HOST):$(MLFLOW_PORT)/health >/dev/null 2>&1; then \
+			echo "MLflow server up: export MLFLOW_TRACKING_URI=http://$(MLFLOW_HOST):$(MLFLOW_PORT);" \
+				"stop with make mlflow-server-down (log: runs/mlflow-server.log)"; exit 0; fi; \
+		kill -0 $$(cat $(MLFLOW_PID)) 2>/dev/null || break; sleep 1; done; \
+		echo "the MLflow server did not answer on port $(MLFLOW_PORT); see runs/mlflow-server.log"; \
+		kill -- -$$(cat $(MLFLOW_PID)) 2>/dev/null; rm -f $(MLFLOW_PID); exit 1
+
+mlflow-server-down:
+	@if [ -f $(MLFLOW_PID) ]; then kill -- -$$(cat $(MLFLOW_PID)) 2>/dev/null || true; rm -f $(MLFLOW_PID); \
+		echo "stopped the MLflow server started by make mlflow-server"; \
+		else echo "no MLflow server started by make mlflow-server"; fi
 
 clean:
 	rm -rf runs .pytest_cache
