@@ -29,6 +29,8 @@ JOBS: dict[str, tuple[str, str, str, str]] = {
     "forecast-e2e": ("forecast_e2e", "wxray.platform.forecast_e2e:ForecastE2EConfig",
                      "wxray.platform.forecast_e2e:forecast_e2e",
                      "observations -> analysis -> rollout -> station forecasts with a trained end-to-end chain"),
+    "ensemble": ("ensemble", "wxray.platform.ensemble:EnsembleConfig", "wxray.platform.ensemble:ensemble",
+                 "nested M x N (x R) ensembles of the uplifted chain on Ray actors; variance split maps and scores"),
     "sweep": ("sweep", "wxray.tune.sweep:SweepConfig", "wxray.tune.sweep:sweep",
               "Ray Tune sweep over training config keys (ASHA, MLflow child runs, restore, best config)"),
     "prepare-data": ("prepare_data", "wxray.data.jobs:PrepareDataConfig", "wxray.data.jobs:prepare_data_main",

@@ -192,9 +192,11 @@ class StationSet:
                    torch.tensor([s.mean[v] for v in data.station_variables]),
                    torch.tensor([s.std[v] for v in data.station_variables]))
 
-    def decode(self, decoder: nn.Module, z: torch.Tensor, data: E2EData) -> torch.Tensor:
+    def decode(self, decoder: nn.Module, z: torch.Tensor) -> torch.Tensor:
         """Physical station values (rows, S, V) on the CPU for states z (rows, C, h, w)."""
         rows = z.shape[0]
-        alt = None if self.altitude is None else self.altitude[None].expand(rows, -1).to(z.device)
-        out = decoder(z, self.coords[None].expand(rows, -1, -1).to(z.device), station_features(data, alt))
+        feats = None
+        if self.altitude is not None:  # as station_features: the height in km
+            feats = (self.altitude[None].expand(rows, -1).to(z.device) / ALTITUDE_SCALE_M)[..., None]
+        out = decoder(z, self.coords[None].expand(rows, -1, -1).to(z.device), feats)
         return out.cpu() * self.std + self.mean

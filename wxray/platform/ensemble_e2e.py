@@ -126,7 +126,7 @@ def run_ensemble(data: E2EData, senc: StochasticEncoder, processor, decoder, anc
                 z = next_state(spec, z, processor(processor_input(z, x, n), generator=masks))
             out[rows, :, k] = physical(spec, z.cpu()).numpy().reshape(-1, mn, n, *spec.kept_grid)
             if st is not None:
-                st[rows, k] = at.decode(decoder, z, data).reshape(-1, mn, *st.shape[2:]).mean(1).numpy()
+                st[rows, k] = at.decode(decoder, z).reshape(-1, mn, *st.shape[2:]).mean(1).numpy()
     return out, st
 
 

@@ -19,6 +19,7 @@ truth at every lead, and station RMSE/bias/MAE per lead beside bilinear interpol
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Annotated, Any
@@ -82,22 +83,23 @@ class ForecastE2EConfig(JobConfig):
         resolve_device(self.device)
 
 
-def load_chain(cfg: ForecastE2EConfig) -> tuple[TrainE2EConfig, E2EData, torch.nn.Module, torch.nn.Module,
-                                                torch.nn.Module | None, dict[str, str]]:
+def load_chain(stages: str | Path, store: str = "", obs_dir: str = "", deny: Sequence[str] = ()
+               ) -> tuple[TrainE2EConfig, E2EData, torch.nn.Module, torch.nn.Module, torch.nn.Module | None,
+                          dict[str, str]]:
     """The training config, the data (store and streams overridable), encoder, processor and decoder."""
-    stages = Path(cfg.stages)
+    stages = Path(stages)
     chain, enc, proc, dec = (trained_stage(stages, s) for s in ("chain", "encoder", "processor", "decoder"))
     if chain is None and (enc is None or proc is None):
         raise CheckpointError(f"stages {stages}: no chain stage and no encoder + processor stages to forecast with "
                               "(run jobs/train_e2e.py stage=encoder, stage=processor, ...)")
     ckpt, tcfg = chain or enc
-    data_cfg = replace(tcfg.data, store=cfg.store or tcfg.data.store, obs_dir=cfg.obs_dir or tcfg.data.obs_dir)
+    data_cfg = replace(tcfg.data, store=store or tcfg.data.store, obs_dir=obs_dir or tcfg.data.obs_dir)
     tcfg = replace(tcfg, data=data_cfg)
     data = prepare_e2e(data_cfg, tcfg.encoder.patch_size)
     trained = checkpoints.apply_normalisation(data.spec, checkpoints.read_meta(ckpt), ckpt)
     if trained is not None:
         data.windows.spec = trained
-    for name in cfg.deny:
+    for name in deny:
         if name not in [s.name for s in data.obs.streams]:
             raise ConfigError(f"deny names '{name}', not a stream the encoder reads "
                               f"({', '.join(s.name for s in data.obs.streams)})")
@@ -126,19 +128,21 @@ def load_chain(cfg: ForecastE2EConfig) -> tuple[TrainE2EConfig, E2EData, torch.n
     return tcfg, data, encoder.eval(), processor.eval(), None if decoder is None else decoder.eval(), used
 
 
-def choose_inits(data: E2EData, cfg: ForecastE2EConfig) -> np.ndarray:
+def choose_inits(data: E2EData, inits: str, steps: int) -> np.ndarray:
+    """Store time indices of the inits: those in the range `inits` ("start/end"), or "" = the test split's
+    inits with truth `steps` steps ahead."""
     ds = open_store(data.spec.store)
     times = ds[TIME].values
-    if not cfg.inits:
-        anchors = rollout_anchors(ds, np.sort(data.windows.anchors["test"]), data.spec, cfg.steps)
+    if not inits:
+        anchors = rollout_anchors(ds, np.sort(data.windows.anchors["test"]), data.spec, steps)
         if not len(anchors):
-            raise DataError(f"store {data.spec.store}: the test split has no init with truth {cfg.steps} step(s) "
+            raise DataError(f"store {data.spec.store}: the test split has no init with truth {steps} step(s) "
                             "ahead; give inits=start/end")
         return anchors
-    lo, hi = parse_range(cfg.inits, "inits")
+    lo, hi = parse_range(inits, "inits")
     anchors = np.flatnonzero((times >= lo) & (times <= hi))
     if not len(anchors):
-        raise DataError(f"inits={cfg.inits}: no time of store {data.spec.store} in that range")
+        raise DataError(f"inits={inits}: no time of store {data.spec.store} in that range")
     return anchors
 
 
@@ -178,7 +182,7 @@ def run_forecast(data: E2EData, encoder, processor, decoder, anchors: np.ndarray
                 z = next_state(spec, z, processor(processor_input(z, b["x"], n)))
             out[rows, k] = physical(spec, z.cpu()).numpy()
             if st is not None:
-                st[rows, k] = at.decode(decoder, z, data).numpy()
+                st[rows, k] = at.decode(decoder, z).numpy()
     return out, (None if st is None else (stations, st))
 
 
@@ -198,8 +202,8 @@ def write_stations(path: Path, stations: pd.DataFrame, values: np.ndarray, init_
 
 
 def forecast_e2e(cfg: ForecastE2EConfig, ctx: JobContext) -> dict[str, Any]:
-    tcfg, data, encoder, processor, decoder, used = load_chain(cfg)
-    anchors = choose_inits(data, cfg)
+    tcfg, data, encoder, processor, decoder, used = load_chain(cfg.stages, cfg.store, cfg.obs_dir, cfg.deny)
+    anchors = choose_inits(data, cfg.inits, cfg.steps)
     device = resolve_device(cfg.device)
     ds = open_store(data.spec.store)
     tracker = ctx.tracker

@@ -29,7 +29,7 @@ def check_trial(base_cfg) -> set[str]:
     from wxray.platform.ensemble_e2e import load_stochastic
     from wxray.platform.forecast_e2e import load_chain
 
-    tcfg, data, *_ = load_chain(base_cfg)
+    tcfg, data, *_ = load_chain(base_cfg.stages, base_cfg.store, base_cfg.obs_dir, base_cfg.deny)
     if base_cfg.members_m * base_cfg.members_n > 1:
         load_stochastic(Path(base_cfg.stages), tcfg, data, base_cfg.members_m, base_cfg.members_n,
                         base_cfg.dropout)
