@@ -31,6 +31,8 @@ JOBS: dict[str, tuple[str, str, str, str]] = {
                      "observations -> analysis -> rollout -> station forecasts with a trained end-to-end chain"),
     "ensemble": ("ensemble", "wxray.platform.ensemble:EnsembleConfig", "wxray.platform.ensemble:ensemble",
                  "nested M x N (x R) ensembles of the uplifted chain on Ray actors; variance split maps and scores"),
+    "ose": ("ose", "wxray.platform.ose:OSEConfig", "wxray.platform.ose:ose",
+            "observing-system experiments: each stream denied in turn, U_enc / U_drop changes with bootstrap CIs"),
     "sweep": ("sweep", "wxray.tune.sweep:SweepConfig", "wxray.tune.sweep:sweep",
               "Ray Tune sweep over training config keys (ASHA, MLflow child runs, restore, best config)"),
     "prepare-data": ("prepare_data", "wxray.data.jobs:PrepareDataConfig", "wxray.data.jobs:prepare_data_main",

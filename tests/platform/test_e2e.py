@@ -219,3 +219,57 @@ def test_forecast_denying_an_unknown_stream_is_one_line(tmp_path, capsys):
     rc = run_job("forecast_e2e", ForecastE2EConfig, forecast_e2e,
                  [f"stages={tmp_path / 'nothing'}", "deny=[radar]", "tracking.enabled=false"])
     assert rc == 2 and "no chain stage" in capsys.readouterr().err
+
+
+def _uplifted(stages):
+    """The chain's stochastic encoder (made here when the uplift test above has not run)."""
+    if not (stages / "stochastic_encoder").exists():
+        _run("finetune_stochastic", FinetuneStochasticConfig, finetune_stochastic,
+             ["stage=encoder", "train.epochs=1", "train.max_steps_per_epoch=2", "stochastic.members=2",
+              "stochastic.noise_dim=4", f"stages_dir={stages}", "tracking.enabled=false"])
+
+
+@pytest.mark.slow
+def test_ensemble_and_ose_jobs_on_actors(chain, tmp_path, capsys):
+    """jobs/ensemble.py with a routing level, its maps, scores and MLflow metrics; jobs/ose.py on one stream."""
+    import mlflow
+
+    from wxray.platform.ensemble import EnsembleConfig, ensemble
+    from wxray.platform.ose import OSEConfig, ose
+
+    stages, uri, _ = chain
+    _uplifted(stages)
+    common = [f"checkpoint={stages}", "members.M=2", "members.N=2", "lead_steps=1", "dropout=0.2"]
+    out = tmp_path / "ens"
+    res = _run("ensemble", EnsembleConfig, ensemble, [*common, INITS, "members.R=2", f"out_dir={out}",
+                                                      f"tracking.uri={uri}"])
+    fc = xr.open_zarr(res["stores"]["fields"])
+    assert fc.geopotential.dims[:5] == ("init_time", "lead_time", "encoder_draw", "dropout_draw", "routing_draw")
+    st = xr.open_zarr(res["stores"]["stations"]).station_forecast
+    assert st.sizes["station"] > 0 and bool(st.notnull().all())
+    assert res["lead_hours"] == [0.0, 6.0] and res["rho_drop"]["geopotential"][0] == 0.0  # no dropout at lead 0
+    assert {"ssr_enc", "ssr_drop", "ssr_route", "ssr_total", "rmse", "crps"} <= res.keys()
+    maps = xr.open_zarr(out / "variance_maps.zarr")
+    assert list(maps.component.values) == ["u_enc", "u_drop", "u_route", "u_total", "rho_drop"]
+    assert (out / "plots" / "variance_curves.png").is_file() and list((out / "plots").glob("variance_maps_*.png"))
+    run = mlflow.MlflowClient(uri).get_run(res["mlflow_run_id"])
+    assert "ensemble/rho_drop/geopotential" in run.data.metrics
+
+    res = _run("ose", OSEConfig, ose, [*common, "inits=2000-01-01T06/2000-01-02T12", "deny=[stations]",
+                                       "n_resamples=200", f"out_dir={tmp_path / 'ose'}", "tracking.enabled=false",
+                                       "plots=false"])
+    assert res["ranking"] == ["stations"] and set(res["runs"]) == {"baseline", "stations"}
+    est, lo, hi = res["changes"]["stations"]["u_enc"]
+    assert lo <= est <= hi and np.isfinite([est, lo, hi]).all()
+    table = pd.read_csv(res["table"])
+    assert set(table.component) == {"u_enc", "u_drop"} and len(table) == 2 * 2
+
+    # bad input: one line, exit 2, nothing written
+    for argv, msg in ((["members.M=1"], "members.M=1"), (["deny=[radar]"], "radar"),
+                      (["workers.actors=64", "workers.num_cpus=2"], "num_cpus=2"),
+                      (["inits=1990-01-01T00/1990-01-02T00"], "inits=")):
+        bad = tmp_path / "bad"
+        rc = run_job("ose", OSEConfig, ose, [*common, *argv, f"out_dir={bad}", "tracking.enabled=false"])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert rc == 2 and len(err) == 1 and msg in err[0], err
+        assert not bad.exists()

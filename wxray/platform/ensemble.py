@@ -33,7 +33,7 @@ from wxray.errors import ConfigError
 from wxray.job import JobConfig, JobContext, say
 from wxray.platform.e2e_data import E2EReader
 from wxray.platform.e2e_models import StationSet
-from wxray.platform.ensemble_actors import fan_out
+from wxray.platform.ensemble_actors import check_fits, fan_out
 from wxray.platform.ensemble_e2e import load_stochastic
 from wxray.platform.ensemble_store import EnsembleStore, Layout
 from wxray.platform.ensemble_units import Plan, UnitModels
@@ -44,9 +44,9 @@ from wxray.platform.windows import parse_range
 
 @dataclass
 class MembersConfig:
-    M: PosInt = 4  # noqa: N815 -- encoder noise draws (needs the stochastic encoder); >= 2 for the split
-    N: PosInt = 4  # noqa: N815 -- MC-dropout members per encoder draw; >= 2 for the split
-    R: PosInt = 1  # noqa: N815 -- routing draws per dropout member (a processor with random routing); 1 = none
+    M: PosInt = 4  # encoder noise draws (needs the stochastic encoder); >= 2 for the split
+    N: PosInt = 4  # MC-dropout members per encoder draw; >= 2 for the split
+    R: PosInt = 1  # routing draws per dropout member (a processor with random routing); 1 = none
 
     def validate(self) -> None:
         for key in ("M", "N"):
@@ -132,6 +132,9 @@ def run_members(cfg: EnsembleConfig, ctx: JobContext, models: UnitModels, layout
 
     from wxray.platform.accelerators import ensure_ray
 
+    w = cfg.workers
+    ensure_ray(cfg.ray_address)
+    check_fits(min(w.actors, len(anchors) * layout.plan.members_m), w.num_cpus, w.num_gpus)  # before any output
     out = ctx.out_dir / sub_dir
     out.mkdir(parents=True, exist_ok=True)
     store = EnsembleStore(out, layout)
@@ -144,8 +147,6 @@ def run_members(cfg: EnsembleConfig, ctx: JobContext, models: UnitModels, layout
         + (f"; {total - len(units)} already written, continuing" if done else "")
         + f"; {min(cfg.workers.actors, max(len(units), 1))} actor(s)")
     reader = E2EReader(data.spec, data.obs)
-    ensure_ray(cfg.ray_address)
-    w = cfg.workers
     with tqdm(total=total, initial=total - len(units), desc="ensemble units", unit="unit") as bar:
         fan_out(models, plan, units, layout.init_times, lambda a: reader.inputs(anchors[[a]]), store.write,
                 actors=w.actors, num_cpus=w.num_cpus, num_gpus=w.num_gpus, device=w.device,

@@ -1,0 +1,193 @@
+"""Observing-system experiments (`jobs/ose.py`): what each observation stream contributes to the spread.
+
+    python jobs/ose.py checkpoint=runs/train_e2e/e2e members.M=4 members.N=4 deny=[stations,ships]
+    python jobs/ose.py checkpoint=runs/train_e2e/e2e                  # deny=[] : every stream, one at a time
+
+A baseline ensemble, then one rerun per stream with that stream's encoder embedding zeroed (`deny`), each
+fanned out on Ray actors like `jobs/ensemble.py` and sharing every draw with the baseline (common random
+numbers: the draws depend on (seed, init, i, j, k) only), so the differences are the stream's alone and
+not sampling noise. Per stream and lead, for U in (U_enc, U_drop):
+
+    change = mean over channels c of ( mean_t U_c^denied(t) / mean_t U_c^baseline(t) ) - 1
+
+with U_c(t) the latitude-weighted domain mean at init t; its confidence interval from a paired circular
+block bootstrap over inits (the same resampled inits for both runs, `verify.inference.block_bootstrap`).
+A stream the encoder leans on raises U_enc when withheld (the analysis is less certain); U_drop, the
+processor's own uncertainty, should move much less. Streams are ranked by their U_enc change at
+`rank_lead`. Outputs: `<out>/baseline`, `<out>/deny_<stream>` (each an ensemble run's stores),
+ose.csv, plots/ose_ranking.png, plots/ose_leads.png, MLflow metrics `ose/<stream>/<u>` per lead.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import xarray as xr
+
+from wxray.config import NonNegInt, PosInt, Probability
+from wxray.errors import ConfigError
+from wxray.io import atomic_path
+from wxray.job import JobContext, say
+from wxray.platform.ensemble import EnsembleConfig, build_models, run_members
+from wxray.platform.ensemble_report import channels
+from wxray.platform.rollout import INIT, LEAD
+from wxray.verify.inference import block_bootstrap, correlation_length
+from wxray.verify.spatial import spatial_mean
+from wxray.verify.variance import split_members, split_moments
+
+COMPONENTS = ("u_enc", "u_drop")
+
+
+@dataclass
+class OSEConfig(EnsembleConfig):
+    deny: list[str] = field(default_factory=list)  # streams to withhold, one rerun each; [] = every stream
+    keep_members: bool = False  # the split needs only the streamed moments
+    rank_lead: NonNegInt = 1  # lead step (0 = analysis) at which streams are ranked by their U_enc change
+    n_resamples: PosInt = 2000  # bootstrap resamples for the intervals
+    confidence: Probability = 0.95  # of the intervals
+
+    experiment = "wxray-ose"
+
+    def run_label(self, job: str) -> str:
+        return f"ose-{self.members.M}x{self.members.N}"
+
+    def validate(self) -> None:
+        super().validate()
+        if not 0 <= self.rank_lead <= self.lead_steps:
+            raise ConfigError(f"rank_lead={self.rank_lead}: must lie in [0, lead_steps={self.lead_steps}]")
+
+
+def domain_series(paths: dict, layout) -> dict[str, dict[str, np.ndarray]]:
+    """{component: {channel: (lead, init) domain means}} of one run's finished stores."""
+    p = layout.plan
+    ds = xr.open_zarr(paths["fields"]).load()
+    parts = split_members(ds) if p.keep_members else split_moments(ds, p.members_n, p.members_r)
+    out: dict[str, dict[str, np.ndarray]] = {c: {} for c in COMPONENTS}
+    for var, part in parts.items():
+        for c in COMPONENTS:
+            mean = spatial_mean(part[c])
+            for name, sel in channels(mean, var):
+                out[c][name] = mean.sel(sel).transpose(LEAD, INIT).values.astype(np.float64)
+    return out
+
+
+def relative_change(base: dict[str, np.ndarray], denied: dict[str, np.ndarray], n_resamples: int,
+                    confidence: float, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Channel-mean relative change per lead with its paired block-bootstrap interval (estimate, lo, hi).
+
+    One set of resampled inits for every channel, lead and both runs; the block length is the longest
+    correlation length of the series."""
+    names = sorted(base)
+    b = np.stack([base[n] for n in names])  # (channel, lead, init)
+    d = np.stack([denied[n] for n in names])
+
+    def stat(x, y):  # x, y (channel, lead, [resample,] init) -> (lead, [resample])
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.nanmean(y.mean(-1) / x.mean(-1), axis=0) - 1.0
+
+    finite = [s for s in (*b.reshape(-1, b.shape[-1]), *d.reshape(-1, d.shape[-1])) if np.ptp(s) > 0]
+    length = max([int(np.max(correlation_length(s))) for s in finite] or [1])
+    with warnings.catch_warnings():  # U_drop is 0 at the analysis: a 0/0 change there is NaN, not an error
+        warnings.simplefilter("ignore", RuntimeWarning)
+        iv = block_bootstrap([b, d], stat, block_length=min(length, b.shape[-1]), n_resamples=n_resamples,
+                             confidence=confidence, seed=seed)
+    return np.asarray(iv.estimate), np.asarray(iv.lower), np.asarray(iv.upper)
+
+
+def change_table(series: dict[str, dict], streams: list[str], hours: list[float], cfg: OSEConfig) -> pd.DataFrame:
+    rows = []
+    for s in streams:
+        for c in COMPONENTS:
+            est, lo, hi = relative_change(series["baseline"][c], series[s][c], cfg.n_resamples, cfg.confidence,
+                                          cfg.seed)
+            rows += [{"stream": s, "component": c, "lead_hours": h, "change": e, "lower": a, "upper": b}
+                     for h, e, a, b in zip(hours, est, lo, hi, strict=True)]
+    return pd.DataFrame(rows)
+
+
+def plot_ose(table: pd.DataFrame, ranking: list[str], rank_hours: float, folder) -> list:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    folder.mkdir(parents=True, exist_ok=True)
+    at = table[table.lead_hours == rank_hours].set_index(["stream", "component"])
+    fig, ax = plt.subplots(figsize=(1.2 * len(ranking) + 2.5, 3.2), constrained_layout=True)
+    x = np.arange(len(ranking))
+    for k, (c, color) in enumerate(zip(COMPONENTS, ("tab:blue", "tab:orange"), strict=True)):
+        est = np.array([at.loc[(s, c), "change"] for s in ranking]) * 100
+        err = np.array([[at.loc[(s, c), "change"] - at.loc[(s, c), "lower"],
+                         at.loc[(s, c), "upper"] - at.loc[(s, c), "change"]] for s in ranking]).T * 100
+        ax.bar(x + (k - 0.5) * 0.38, est, 0.38, yerr=err, color=color, capsize=3, label=c)
+    ax.axhline(0, color="k", lw=0.8)
+    ax.set_xticks(x, ranking, rotation=20)
+    ax.set_ylabel("change when denied (%)")
+    ax.set_title(f"streams by their U_enc change at +{rank_hours:g} h")
+    ax.legend(fontsize=8)
+    paths = [folder / "ose_ranking.png"]
+    fig.savefig(paths[0], dpi=90)
+    plt.close(fig)
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.2), constrained_layout=True)
+    for ax, c in zip(axes, COMPONENTS, strict=True):
+        for s in ranking:
+            part = table[(table.stream == s) & (table.component == c)]
+            ax.plot(part.lead_hours, part.change * 100, marker="o", label=s)
+            ax.fill_between(part.lead_hours, part.lower * 100, part.upper * 100, alpha=0.15)
+        ax.axhline(0, color="k", lw=0.8)
+        ax.set_xlabel("lead (h)")
+        ax.set_title(f"{c} change when denied (%)")
+    axes[0].legend(fontsize=7)
+    paths.append(folder / "ose_leads.png")
+    fig.savefig(paths[1], dpi=90)
+    plt.close(fig)
+    return paths
+
+
+def ose(cfg: OSEConfig, ctx: JobContext) -> dict[str, Any]:
+    models, layout, anchors, data, used = build_models(replace(cfg, deny=[]))
+    names = [s.name for s in data.obs.streams]
+    unknown = [s for s in cfg.deny if s not in names]
+    if unknown:
+        raise ConfigError(f"deny names {', '.join(unknown)}: not a stream the encoder reads ({', '.join(names)})")
+    streams = list(cfg.deny) or names
+    series, dirs = {}, {}
+    for name, deny in {"baseline": (), **{s: (s,) for s in streams}}.items():
+        lay = replace(layout, plan=replace(layout.plan, deny=deny), attrs={**layout.attrs, "deny": ",".join(deny)})
+        say(f"OSE run {len(series) + 1}/{len(streams) + 1}: " + (f"denying {name}" if deny else "baseline"))
+        dirs[name] = "baseline" if not deny else f"deny_{name}"
+        series[name] = domain_series(run_members(cfg, ctx, models, lay, anchors, data, sub_dir=dirs[name]), lay)
+    hours = [float(k * layout.step / np.timedelta64(1, "h")) for k in range(cfg.lead_steps + 1)]
+    table = change_table(series, streams, hours, cfg)
+    with atomic_path(ctx.out_dir / "ose.csv") as tmp:
+        table.to_csv(tmp, index=False)
+    rank_hours = hours[cfg.rank_lead]
+    at = table[(table.lead_hours == rank_hours) & (table.component == "u_enc")].set_index("stream")["change"]
+    ranking = list(at.sort_values(ascending=False).index)
+    tracker = ctx.tracker
+    for row in table.itertuples():
+        if np.isfinite(row.change):
+            tracker.log_metrics({f"ose/{row.stream}/{row.component}": float(row.change)},
+                                step=hours.index(row.lead_hours))
+    tracker.log_artifact(ctx.out_dir / "ose.csv")
+    if cfg.plots:
+        for path in plot_ose(table, ranking, rank_hours, ctx.out_dir / "plots"):
+            tracker.log_artifact(path, "plots")
+    base = series["baseline"]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rho = np.nanmean([base["u_drop"][c].mean(-1) / (base["u_drop"][c] + base["u_enc"][c]).mean(-1)
+                          for c in base["u_drop"]], axis=0)
+    at_rank = table[table.lead_hours == rank_hours].set_index(["stream", "component"])
+    changes = {s: {c: [round(float(at_rank.loc[(s, c), k]), 4) for k in ("change", "lower", "upper")]
+                   for c in COMPONENTS} for s in streams}
+    say(f"streams by U_enc change at +{rank_hours:g} h: "
+        + ", ".join(f"{s} {changes[s]['u_enc'][0]:+.0%}" for s in ranking))
+    return {"ranking": ranking, "rank_lead_hours": rank_hours, "changes": changes,
+            "baseline_rho_drop": [round(float(v), 4) for v in rho], "lead_hours": hours,
+            "runs": {k: str(ctx.out_dir / v) for k, v in dirs.items()}, "table": str(ctx.out_dir / "ose.csv"),
+            "inits": int(len(anchors)), "members": {"M": cfg.members.M, "N": cfg.members.N, "R": cfg.members.R},
+            "checkpoints": used}
