@@ -63,7 +63,8 @@ def make_trainer(cfg: TrainSparseConfig, data: WindowData, out_dir: Path, tracki
     return TorchTrainer(
         train_fn_per_worker,
         train_loop_config=loop_config,
-        scaling_config=acc.ray_scaling_config(cfg.scaling),
+        scaling_config=acc.ray_scaling_config(cfg.scaling),  # pinned to cfg.scaling.vendor's nodes
+        torch_config=acc.torch_config(cfg.scaling),  # GPU runs that may land on AMD: the ROCm device fix
         run_config=RunConfig(
             name="train", storage_path=str((out_dir / "ray").resolve()),
             failure_config=FailureConfig(max_failures=cfg.train.max_failures),
