@@ -22,7 +22,7 @@ MLFLOW_SERVER_ARGS ?=
 MLFLOW_PID := runs/mlflow-server.pid
 MLFLOW_PROBE_HOST = $(if $(filter 0.0.0.0 ::,$(MLFLOW_HOST)),127.0.0.1,$(MLFLOW_HOST))
 
-.PHONY: setup demo demo-e2e demo-edm calibrate-dropout test test-fast lint bench mlflow-ui clean train ray-up submit ray-down \
+.PHONY: setup demo demo-e2e demo-edm demo-ensemble calibrate-dropout test test-fast lint bench mlflow-ui clean train ray-up submit ray-down \
 	mlflow-server mlflow-server-down
 
 setup: $(STAMP)
@@ -50,6 +50,15 @@ demo-edm: setup
 	$(BIN)/python jobs/train_sparse.py --config configs/edm_demo.yaml $(ARGS)
 	$(BIN)/python jobs/evaluate.py forecast=runs/train_sparse/edm/forecast.zarr truth=data/sample_32x64.zarr \
 		baseline=persistence out_dir=runs/evaluate/edm plots=false
+
+# Nested 4 x 4 (x 2 routing) ensembles of the uplifted chain on Ray actors, then each stream denied in turn.
+# Builds what it needs first: the chain (demo-e2e) and its stochastic uplift.
+demo-ensemble: setup
+	test -d runs/train_e2e/e2e/chain || $(MAKE) demo-e2e
+	test -d runs/train_e2e/e2e/stochastic_encoder || $(BIN)/python jobs/finetune_stochastic.py stage=encoder
+	test -d runs/train_e2e/e2e/stochastic_processor || $(BIN)/python jobs/finetune_stochastic.py stage=processor
+	$(BIN)/python jobs/ensemble.py members.M=4 members.N=4 members.R=2 out_dir=runs/ensemble/demo $(ARGS)
+	$(BIN)/python jobs/ose.py members.M=4 members.N=4 out_dir=runs/ose/demo $(ARGS)
 
 # The uplifted chain's inference dropout p, scored by spread-skill (the paper's selection of p = 0.05).
 calibrate-dropout: setup

@@ -265,6 +265,7 @@ def test_ensemble_and_ose_jobs_on_actors(chain, tmp_path, capsys):
     assert set(table.component) == {"u_enc", "u_drop"} and len(table) == 2 * 2
 
     # bad input: one line, exit 2, nothing written
+    capsys.readouterr()
     for argv, msg in ((["members.M=1"], "members.M=1"), (["deny=[radar]"], "radar"),
                       (["workers.actors=64", "workers.num_cpus=2"], "num_cpus=2"),
                       (["inits=1990-01-01T00/1990-01-02T00"], "inits=")):

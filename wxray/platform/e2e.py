@@ -150,6 +150,7 @@ def _make_trainer(cfg, data: E2EData, out_dir: Path, identity, init, example, ct
                    "stage": stage, "cfg_cls": type(cfg), "label": label}
     return TorchTrainer(
         train_fn_per_worker, train_loop_config=loop_config, scaling_config=acc.ray_scaling_config(cfg.scaling),
+        torch_config=acc.torch_config(cfg.scaling),  # GPU runs that may land on AMD: the ROCm device fix
         run_config=RunConfig(name="train", storage_path=str((out_dir / "ray").resolve()),
                              failure_config=FailureConfig(max_failures=cfg.train.max_failures),
                              checkpoint_config=CheckpointConfig(num_to_keep=cfg.train.keep_checkpoints)),

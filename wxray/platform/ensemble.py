@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import numpy as np
 import xarray as xr
@@ -60,6 +60,7 @@ class ActorConfig:
     actors: PosInt = 2  # model replicas (Ray actors); each computes whole units
     num_cpus: Annotated[float, Range(0)] = 1.0  # CPUs per actor (also its torch threads when num_gpus = 0)
     num_gpus: NonNegFloat = 0.0  # GPUs per actor, whole or fractional (0.5: two replicas share a GPU)
+    vendor: Literal["any", "nvidia", "amd"] = "any"  # any: actors on NVIDIA and AMD nodes at once
     device: str = "auto"  # auto = the actor's GPU when it has one, else cpu
     max_restarts: NonNegInt = 3  # an actor that dies is restarted this often; its units are retried
 
@@ -149,7 +150,7 @@ def run_members(cfg: EnsembleConfig, ctx: JobContext, models: UnitModels, layout
     reader = E2EReader(data.spec, data.obs)
     with tqdm(total=total, initial=total - len(units), desc="ensemble units", unit="unit") as bar:
         fan_out(models, plan, units, layout.init_times, lambda a: reader.inputs(anchors[[a]]), store.write,
-                actors=w.actors, num_cpus=w.num_cpus, num_gpus=w.num_gpus, device=w.device,
+                actors=w.actors, num_cpus=w.num_cpus, num_gpus=w.num_gpus, vendor=w.vendor, device=w.device,
                 max_restarts=w.max_restarts, progress=bar.update)
     return store.finish()
 

@@ -13,8 +13,9 @@ Failures: an actor that dies is restarted (`max_restarts`) and its in-flight uni
 derive from their coordinates (`ensemble_units`), so recomputed members are bit-identical.
 
 Resources: `num_cpus` / `num_gpus` (whole or fractional) per actor, checked against the live nodes before
-any actor is created, so a request no cluster can meet is an error, not a wait. Actors may sit on NVIDIA and
-AMD nodes at once: a replica runs on whatever device its node gives it.
+any actor is created, so a request no cluster can meet is an error, not a wait. With `vendor=any` actors may
+sit on NVIDIA and AMD nodes at once (`placement.actor_options`): a replica runs on whatever device its node
+gives it (`placement.device_for_actor`); `nvidia` / `amd` pins them to one vendor's nodes.
 """
 
 from __future__ import annotations
@@ -59,9 +60,9 @@ def check_fits(actors: int, num_cpus: float, num_gpus: float) -> None:
 def _device(name: str) -> str:
     if name != "auto":
         return name
-    import ray
+    from wxray.platform.placement import device_for_actor
 
-    return "cuda" if ray.get_gpu_ids() and torch.cuda.is_available() else "cpu"
+    return str(device_for_actor())
 
 
 class _Worker:
@@ -102,7 +103,8 @@ def worker_class():
 
 def fan_out(models: UnitModels, plan: Plan, units: list[Unit], init_times: np.ndarray,
             read_inputs: Callable[[int], dict[str, np.ndarray]], write: Callable[[int, int, dict], None], *,
-            actors: int, num_cpus: float, num_gpus: float, device: str = "auto", max_restarts: int = 3,
+            actors: int, num_cpus: float, num_gpus: float, vendor: str = "any", device: str = "auto",
+            max_restarts: int = 3,
             progress: Callable[[int], None] | None = None, on_started: Callable[[list[Any]], None] | None = None
             ) -> int:
     """Compute `units` on `actors` replicas and `write(a, i, result)` each as it arrives; returns how many.
@@ -118,8 +120,11 @@ def fan_out(models: UnitModels, plan: Plan, units: list[Unit], init_times: np.nd
     check_fits(actors, num_cpus, num_gpus)
     ref = ray.put(models)
     threads = max(1, int(num_cpus)) if num_gpus == 0 else 0
-    cls = worker_class().options(num_cpus=num_cpus, num_gpus=num_gpus, max_restarts=max_restarts,
-                                 max_task_retries=max_restarts)
+    from wxray.platform.placement import actor_options
+
+    placement = actor_options(num_gpus, vendor, key="workers.num_gpus")  # any: NVIDIA and AMD nodes at once
+    cls = worker_class().options(num_cpus=num_cpus, max_restarts=max_restarts, max_task_retries=max_restarts,
+                                 **placement)
     handles = [cls.remote(plan, device, threads) for _ in range(actors)]
     if on_started is not None:
         on_started(handles)
