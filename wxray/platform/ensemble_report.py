@@ -36,7 +36,7 @@ def per_channel(ds: xr.Dataset, coord: str, label: str) -> dict[str, list[float]
         if label not in da[coord].values:
             continue
         for name, sel in channels(da, var):
-            out[name] = [round(float(v), 6) for v in da.sel({coord: label, **sel}).transpose(LEAD).values]
+            out[name] = [float(f"{float(v):.6g}") for v in da.sel({coord: label, **sel}).transpose(LEAD).values]
     return out
 
 
