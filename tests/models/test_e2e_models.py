@@ -68,6 +68,18 @@ def test_denial_changes_the_embedding_only_in_that_streams_channels():
     assert not torch.equal(enc(obs, static), enc(obs, static, deny=["ships"]))
 
 
+def test_per_sample_keep_mask_denies_streams_sample_by_sample():
+    enc = make_encoder()
+    obs = make_obs(b=3)
+    keep = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 1.0], [0.0, 1.0, 0.0]])
+    masked = enc.embed(obs, keep=keep)
+    assert torch.equal(masked[0], enc.embed(obs)[0])
+    assert torch.equal(masked[1], enc.embed(obs, deny=["ships"])[1])
+    assert torch.equal(masked[2], enc.embed(obs, deny=["stations", "swath"])[2])
+    with pytest.raises(ValueError, match="keep must be"):
+        enc.embed(obs, keep=keep[:, :2])
+
+
 def test_denied_stream_reads_exactly_like_an_empty_one():
     enc = make_encoder()
     obs = make_obs()

@@ -180,3 +180,14 @@ def test_actor_capacity_and_requests_no_cluster_meets(ray_session):
     with pytest.raises(ConfigError, match="actors=99"):
         check_fits(99, 1, 0)
     assert issubclass(ConfigError, WxrayError)
+
+
+def test_random_stream_denial_never_withholds_everything():
+    from wxray.platform.stochastic import random_keep
+
+    g = torch.Generator().manual_seed(0)
+    keep = random_keep(4000, 3, 0.4, g, "cpu")
+    assert keep.shape == (4000, 3) and set(keep.unique().tolist()) <= {0.0, 1.0}
+    assert (keep.sum(1) >= 1).all()
+    assert 0.55 < float(keep.mean()) < 0.65  # 1 - 0.4, a little more where all three were drawn out
+    assert (random_keep(50, 3, 0.999, g, "cpu").sum(1) == 1).all()

@@ -166,25 +166,33 @@ class ObsEncoder(nn.Module):
             )
         return self.setconvs[i].grid_to_grid(values, mask, *src, self.latitude, self.longitude)
 
-    def embed(self, obs: Mapping[str, Tensor], deny: Sequence[str] = ()) -> Tensor:
-        """Per-stream SetConv embeddings in stream order, (b, n_embed, h, w); denied streams exactly 0."""
+    def embed(self, obs: Mapping[str, Tensor], deny: Sequence[str] = (), keep: Tensor | None = None) -> Tensor:
+        """Per-stream SetConv embeddings in stream order, (b, n_embed, h, w); denied streams exactly 0.
+
+        `keep` (b, n_streams) of 0/1, if given, withholds stream i from sample j where keep[j, i] = 0 (its
+        embedding zeroed as by `deny`): denial drawn per sample, as training with random stream dropout needs.
+        """
         if isinstance(deny, str):
             deny = (deny,)
         self._check_keys(obs, deny)
         batch = obs[f"obs.{self.streams[0].name}.values"].shape[0]
+        if keep is not None and tuple(keep.shape) != (batch, len(self.streams)):
+            raise ValueError(f"keep must be (b, n_streams) = {(batch, len(self.streams))}, got {tuple(keep.shape)}")
         parts = []
         for i, s in enumerate(self.streams):
             if s.name in deny:
                 parts.append(self.latitude.new_zeros(batch, 2 * s.n_channels, *self.img_size))
             else:
-                parts.append(self._embed_stream(i, s, obs))
+                part = self._embed_stream(i, s, obs)
+                parts.append(part if keep is None else part * keep[:, i, None, None, None].to(part.dtype))
             if parts[-1].shape[0] != batch:
                 raise ValueError(f"obs.{s.name}.values has batch size {parts[-1].shape[0]}, expected {batch}")
         return torch.cat(parts, dim=1)
 
-    def features(self, obs: Mapping[str, Tensor], static: Tensor | None = None, deny: Sequence[str] = ()) -> Tensor:
+    def features(self, obs: Mapping[str, Tensor], static: Tensor | None = None, deny: Sequence[str] = (),
+                 keep: Tensor | None = None) -> Tensor:
         """The backbone's input PixelMLP(x), (b, latent, h, w): everything before the ViT (no random draws)."""
-        e = self.embed(obs, deny)
+        e = self.embed(obs, deny, keep)
         b, (h, w) = e.shape[0], self.img_size
         if static is None and self.n_static == 0:
             static = e.new_zeros(b, 0, h, w)

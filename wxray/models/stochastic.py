@@ -104,15 +104,17 @@ class StochasticEncoder(nn.Module):
         noise_generator: torch.Generator | RowGenerators | None = None,
         members: int = 1,
         noise: Tensor | None = None,
+        keep: Tensor | None = None,
     ) -> Tensor:
         """obs + static for b samples -> (b*members, n_out, h, w), rows member-major within a sample.
 
         `generator` drives the encoder's own dropout (if any) over the b*members rows, `noise_generator` the
         noise a; `noise`, if given, is a itself (b*members, L, noise_dim) and `noise_generator` is unused.
+        `keep` (b, n_streams) withholds streams per sample (ObsEncoder.embed); a sample's members share it.
         """
         if members < 1:
             raise ValueError(f"members must be >= 1, got {members}")
-        x = tile_members(self.encoder.features(obs, static, deny), members)
+        x = tile_members(self.encoder.features(obs, static, deny, keep), members)
         rows = x.shape[0]
         if noise is None:
             noise = self.draw_noise(rows, noise_generator, x.device)

@@ -24,10 +24,11 @@ from typing import Annotated, Any, Literal
 import torch
 from torch import nn
 
-from wxray.config import Fraction, InPath, NonNegInt, PosInt, Range, to_dict
+from wxray.config import Fraction, InPath, NonNegInt, PosInt, Probability, Range, to_dict
 from wxray.errors import CheckpointError, ConfigError
 from wxray.job import JobConfig, JobContext, say
 from wxray.models import StochasticEncoder, fair_crps_loss, set_dropout, split_members, tile_members
+from wxray.models.blocks import uniform
 from wxray.platform import checkpoints
 from wxray.platform.accelerators import ScalingCfg
 from wxray.platform.e2e_config import TrainE2EConfig
@@ -47,6 +48,7 @@ class StochasticCfg:
     alpha: Fraction = 1.0  # 1 = fair CRPS; < 1 blends in the standard ensemble CRPS ("almost fair")
     leads: PosInt = 2  # processor: finetune leads 1 .. leads one after the other
     lead_epochs: NonNegInt = 0  # processor: epochs per lead after the first; 0 = train.epochs
+    deny_prob: Probability = 0.0  # encoder: each stream withheld from a training sample with this probability
 
 
 @dataclass
@@ -119,6 +121,17 @@ def load_processor(run: StochasticRun, data: E2EData, stages: Path, det: str) ->
     return proc
 
 
+def random_keep(batch: int, n_streams: int, deny_prob: float, generator, device) -> torch.Tensor:
+    """(batch, n_streams) 0/1: each stream withheld from each sample with probability `deny_prob`, never all of a
+    sample's streams. Training the noise on such samples is what lets the encoder's spread grow when a stream is
+    missing at inference (an observing-system denial); trained with every stream present it has no reason to."""
+    u = uniform((batch, n_streams), generator, device)
+    keep = (u >= deny_prob).float()
+    empty = keep.sum(1) == 0
+    keep[empty, u[empty].argmax(1)] = 1.0  # the stream with the largest draw stays
+    return keep
+
+
 class EncoderStage(Stage):
     def __init__(self, stages: str, det: str):
         self.stages, self.det = Path(stages), det
@@ -127,8 +140,12 @@ class EncoderStage(Stage):
         return load_encoder(cfg, data, self.stages, self.det)
 
     def ensemble(self, cfg, model, batch, generator):
+        keep = None
+        if model.training and cfg.stochastic.deny_prob > 0:
+            keep = random_keep(batch["static"].shape[0], len(model.encoder.streams), cfg.stochastic.deny_prob,
+                               generator, batch["static"].device)
         return split_members(model(obs_of(batch), batch["static"], members=cfg.stochastic.members,
-                                   noise_generator=generator), cfg.stochastic.members)
+                                   noise_generator=generator, keep=keep), cfg.stochastic.members)
 
     def truth(self, cfg, batch, data):
         return batch["x"][:, :len(data.spec.inputs)]
