@@ -157,14 +157,14 @@ def run_members(cfg: EnsembleConfig, ctx: JobContext, models: UnitModels, layout
 
 def truth_like(ds: xr.Dataset, like: xr.Dataset) -> xr.Dataset:
     """The store's state at the valid times init + lead of `like` (dims init_time, lead_time, ...)."""
-    from wxray.platform.rollout_scores import _at_levels, _on_grid
+    from wxray.platform.rollout_scores import at_levels, on_grid
     from wxray.verify.forecasts import truth_at
 
-    truth = _on_grid(ds, like, "store")
+    truth = on_grid(ds, like, "store")
     inits = like[INIT].values
     out = {}
     for var in like.data_vars:
-        per_lead = [_at_levels(truth_at(truth[var], inits, lead, f"truth {var}"), like[var])
+        per_lead = [at_levels(truth_at(truth[var], inits, lead, f"truth {var}"), like[var])
                     for lead in like[LEAD].values]
         out[var] = xr.concat(per_lead, dim=LEAD).assign_coords({LEAD: like[LEAD].values})
     return xr.Dataset(out)

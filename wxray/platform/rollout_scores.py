@@ -31,7 +31,7 @@ from wxray.platform.rollout import INIT, LEAD, MEMBER
 SCORES = ("rmse", "acc", "persistence_rmse", "persistence_acc")
 
 
-def _on_grid(ds: xr.Dataset, forecast: xr.Dataset, what: str) -> xr.Dataset:
+def on_grid(ds: xr.Dataset, forecast: xr.Dataset, what: str) -> xr.Dataset:
     """`ds` (store grid) at the points of `forecast`, a block of it (the kept rows and columns of a cropped
     grid, for instance), with the forecast's coordinates: `wxray.verify.forecasts.crop_to`."""
     from wxray.verify.forecasts import crop_to
@@ -39,7 +39,7 @@ def _on_grid(ds: xr.Dataset, forecast: xr.Dataset, what: str) -> xr.Dataset:
     return crop_to(ds, forecast, what)
 
 
-def _at_levels(da: xr.DataArray, like: xr.DataArray) -> xr.DataArray:
+def at_levels(da: xr.DataArray, like: xr.DataArray) -> xr.DataArray:
     """`da` at the levels of `like` (the forecast's target levels, a subset of the store's)."""
     return da.sel({LEVEL: like[LEVEL].values}) if LEVEL in like.dims and LEVEL in da.dims else da
 
@@ -61,9 +61,9 @@ def score_per_lead(forecast: xr.Dataset, truth: xr.Dataset,
     from wxray.verify.forecasts import truth_at
 
     inits = forecast[INIT].values
-    truth = _on_grid(truth, forecast, "store")
+    truth = on_grid(truth, forecast, "store")
     if climatology is not None:
-        climatology = _on_grid(climatology, forecast, "store stats/climatology")
+        climatology = on_grid(climatology, forecast, "store stats/climatology")
     out: dict[str, dict[str, list[float]]] = {"rmse": {}, "acc": {}}
     for var in map(str, forecast.data_vars):
         field = forecast[var].mean(MEMBER) if MEMBER in forecast[var].dims else forecast[var]
@@ -71,11 +71,11 @@ def score_per_lead(forecast: xr.Dataset, truth: xr.Dataset,
         per_lead: dict[str, list[xr.DataArray]] = {"rmse": [], "acc": []}
         for lead in forecast[LEAD].values:
             fc = field.sel({LEAD: lead})
-            t = _at_levels(truth_at(truth[var], inits, lead, f"truth {var}"), fc)
+            t = at_levels(truth_at(truth[var], inits, lead, f"truth {var}"), fc)
             per_lead["rmse"].append(rmse(fc, t, time_dims=(INIT,)))
             if clim is not None:
                 valid = xr.DataArray(pd.DatetimeIndex(inits + lead), dims=INIT, coords={INIT: inits})
-                c = _at_levels(climatology_at(clim, valid), fc)
+                c = at_levels(climatology_at(clim, valid), fc)
                 per_lead["acc"].append(acc(fc, t, c).mean(INIT))
         for name, values in per_lead.items():
             if values:
@@ -88,9 +88,9 @@ def persistence_like(forecast: xr.Dataset, truth: xr.Dataset) -> xr.Dataset:
     from wxray.verify.forecasts import persistence_forecast
 
     names = list(map(str, forecast.data_vars))
-    pers = persistence_forecast(_on_grid(truth, forecast, "store"), forecast[INIT].values, forecast[LEAD].values,
+    pers = persistence_forecast(on_grid(truth, forecast, "store"), forecast[INIT].values, forecast[LEAD].values,
                                 names)
-    return xr.Dataset({v: _at_levels(pers[v], forecast[v]) for v in names})
+    return xr.Dataset({v: at_levels(pers[v], forecast[v]) for v in names})
 
 
 def _hours(leads: np.ndarray) -> list[float | int]:
