@@ -365,3 +365,22 @@ def test_a_baseline_on_fewer_points_than_the_forecast_is_refused(store_path, tmp
     assert rc == 2 and result is None
     assert f"baseline {cropped}: grid 16x27 differs from the forecast's 16x32" in err, err
     assert not (tmp_path / "r").exists()
+
+
+def test_a_routing_level_is_folded_into_the_dropout_level_of_the_scorecard(store_path):
+    """jobs/ensemble.py members.R > 1 writes a routing_draw dim: the scorecard's two-branch split treats
+    (dropout_draw, routing_draw) as the dropout level, exactly as an ensemble of N * R dropout members."""
+    from wxray.verify.forecasts import truth_at
+    from wxray.verify.scorecard import score_series
+
+    ds = open_store(store_path)
+    inits = ds.time.values[:6]
+    flat = nested_forecast(ds, inits, [6], m=3, n=4)["geopotential"].isel(lead_time=0, level=0)
+    truth = truth_at(ds.geopotential.isel(level=0), inits, np.timedelta64(6, "h"), "truth")
+    routed = xr.DataArray(flat.values.reshape(*flat.shape[:2], 2, 2, *flat.shape[3:]),
+                          dims=("init_time", "encoder_draw", "dropout_draw", "routing_draw", *flat.dims[3:]),
+                          coords={k: v for k, v in flat.coords.items() if k not in ("dropout_draw",)})
+    a, *_ = score_series(flat, truth, None, ("encoder_draw", "dropout_draw"), None, False)
+    b, *_ = score_series(routed, truth, None, ("encoder_draw", "dropout_draw", "routing_draw"), None, False)
+    for key in ("u_enc", "u_drop", "crps", "mse"):
+        np.testing.assert_allclose(b[key], a[key], rtol=1e-6)

@@ -125,7 +125,11 @@ def score_series(forecast: xr.DataArray, truth: xr.DataArray, climatology: xr.Da
             warnings.simplefilter("ignore")  # scores warns on NaN members, already accounted for by skipna
             hist = ens.rank_histogram(flat, truth, dim, region=region)
         if set(member_dims) >= {ens.ENCODER_DRAW, ens.DROPOUT_DRAW}:
-            parts = ens.nested_anova(forecast, ens.ENCODER_DRAW, ens.DROPOUT_DRAW)
+            nested, replicate = forecast, ens.DROPOUT_DRAW
+            if ens.ROUTING_DRAW in member_dims:  # routing folded into the dropout level, as with R = 1
+                replicate = "dropout_routing"
+                nested = ens.flatten_members(forecast, (ens.DROPOUT_DRAW, ens.ROUTING_DRAW), replicate)
+            parts = ens.nested_anova(nested, ens.ENCODER_DRAW, replicate)
             s["u_enc"] = spatial_mean(parts["u_enc"], region, skipna)
             s["u_drop"] = spatial_mean(parts["u_drop"], region, skipna)
     else:
