@@ -13,6 +13,13 @@ A job is `main(cfg, ctx) -> dict` of key figures. `run_job`:
    directory, continues) the MLflow run;
 4. writes `summary.json` atomically and prints `RESULT {json}` with absolute paths.
 
+Provenance (`wxray.provenance`): starting records the git commit (and dirty flag), versions, CUDA/ROCm, host,
+Ray node types and the config's seeds, plus what the job added to `ctx.provenance` (the store it read:
+`store_fingerprint`), as MLflow tags `wxray.*`, `provenance.json` in the run directory and the
+`provenance` block of summary.json (RESULT leaves it out). A tracking server that does not answer is a
+one-line error before any work, or with `tracking.required=false` a warning and the local store
+(RESULT's `tracking_fallback`). Credential-looking values are redacted in config.yaml and MLflow params.
+
 Bad input (`WxrayError`) is one line on stderr and exit status 2. Before the job starts nothing has been
 written. After, a failure removes the run directory (and any parent folders) this job created; in an
 existing run directory it removes the entries the job added and restores the files written through
@@ -33,11 +40,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from wxray import provenance
 from wxray.config import OutDir, dump_yaml, flatten, load_config, path_keys, resolve_paths, to_dict
 from wxray.config_help import describe
 from wxray.errors import WxrayError
 from wxray.io import check_writable, home, resolve_path, under_job_submission, write_json, write_text
-from wxray.tracking import Tracker, TrackingConfig
+from wxray.tracking import Tracker, TrackingConfig, check_server, redact, redact_uri
 
 C = TypeVar("C", bound="JobConfig")
 VERBOSE_ENV = "WXRAY_VERBOSE"
@@ -81,6 +89,8 @@ class JobContext:
         self._created: Path | None = None  # the topmost folder this job created (run directory or a parent)
         self._before: set[str] | None = None  # names in an existing run directory when the job started
         self._backups: dict[Path, bytes] = {}
+        # what produced the run (wxray.provenance); a job adds the stores it read before starting
+        self.provenance: dict[str, Any] = {}
 
     @property
     def started(self) -> bool:
@@ -116,17 +126,26 @@ class JobContext:
         self._before = set() if self._created else {p.name for p in self._out_dir.iterdir()}
         cfg = self.cfg
         cfg.run_name = cfg.run_name or f"{cfg.run_label(self.job)}-{self._out_dir.name}"
-        self.write_text("config.yaml", dump_yaml(cfg))  # the resolved config: what the run really used
+        config = to_dict(cfg)
+        self.write_text("config.yaml", dump_yaml(redact("", config)))  # the resolved config (no credentials)
         id_file = self._out_dir / ".mlflow_run_id"
         previous = id_file.read_text().strip() if id_file.exists() else None  # a re-run continues its run
         self._tracker = Tracker(cfg.tracking, run_name=cfg.run_name, tags={"wxray.job": self.job},
                                 run_id=previous)
         if self._tracker.run_id:
             self.write_text(".mlflow_run_id", self._tracker.run_id)
-        changed = self._tracker.log_params(flatten(to_dict(cfg)))
+        flat = flatten(config)
+        changed = self._tracker.log_params(flat)
         if changed:
             say(f"continuing MLflow run {self._tracker.run_id} with changed keys: "
                 + ", ".join(f"{k}={v}" for k, v in sorted(changed.items())))
+        self.provenance = {**provenance.collect(seeds=provenance.seeds(flat)), **self.provenance}
+        self.record_provenance()
+
+    def record_provenance(self) -> None:
+        """Write provenance.json and the MLflow tags of `ctx.provenance` (again, after a job added to it)."""
+        self.write_text("provenance.json", json.dumps(self.provenance, indent=2, sort_keys=True, default=str) + "\n")
+        self._tracker.set_tags(provenance.tags(self.provenance))
 
     def rollback(self) -> None:
         """Leave the run directory as it was before the job (unless `keep_on_failure`)."""
@@ -172,6 +191,9 @@ def prepare(job: str, cfg_cls: type[C], argv: list[str]) -> C:
         from wxray.tracking import resolve_uri
 
         cfg.tracking.uri = resolve_uri(cfg.tracking.uri)
+        warning = check_server(cfg.tracking)  # a server that does not answer: ConfigError, or the local store
+        if warning:
+            say(warning)
         if cfg.tracking.uri.startswith("sqlite:///"):
             check_writable(Path(cfg.tracking.uri[len("sqlite:///"):]).parent, "tracking.uri", replace=False)
     return cfg
@@ -200,10 +222,13 @@ def run_job(job: str, cfg_cls: type[C], main: Callable[[C, JobContext], dict[str
         result = {**result, "out_dir": str(ctx.out_dir)}
         if tracker.run_id:
             result.setdefault("mlflow_run_id", tracker.run_id)
-            result.setdefault("mlflow_uri", tracker.uri)
-        write_json(ctx.out_dir / "summary.json", result)
-        tracker.log_artifact(ctx.out_dir / "summary.json")
-        tracker.log_artifact(ctx.out_dir / "config.yaml")
+            result.setdefault("mlflow_uri", redact_uri(tracker.uri))
+        if cfg.tracking.fallback:
+            result["tracking_fallback"] = cfg.tracking.fallback
+        ctx.record_provenance()
+        write_json(ctx.out_dir / "summary.json", {**result, "provenance": ctx.provenance})
+        for name in ("summary.json", "config.yaml", "provenance.json"):
+            tracker.log_artifact(ctx.out_dir / name)
         tracker.end("FINISHED")
     except WxrayError as e:
         if ctx.started:

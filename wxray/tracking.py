@@ -4,16 +4,26 @@ Experiments are created as model-training ones (tag `mlflow.experimentKind`), so
 them on the runs table rather than its GenAI overview. MLflow params are immutable: a resumed run that
 changed a key records the new value as the tag `resumed_with.<key>` (and the run's config.yaml
 artifact), so MLflow never contradicts the run directory.
+
+A tracking server (`tracking.uri=http(s)://...`) is probed before the job does anything (`check_server`): one
+that does not answer within a few seconds is a one-line error, or with `tracking.required=false` a warning
+and the local sqlite store instead. Credentials never reach MLflow params or the run's config.yaml
+(`redact`): values of keys named like password/token/secret and the password of a URL are replaced by ***.
 """
 
 from __future__ import annotations
 
+import http.client
 import math
 import os
+import re
+import ssl
+import urllib.error
+import urllib.request
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from wxray.errors import ConfigError
 from wxray.io import resolve_path
@@ -27,19 +37,99 @@ class TrackingConfig:
     uri: str = ""  # "" -> $MLFLOW_TRACKING_URI, else sqlite:///<wxray home>/runs/mlflow.db
     experiment: str = ""  # "" -> the job's own experiment (wxray-train, wxray-evaluate, wxray-data, ...)
     enabled: bool = True  # false: log nothing to MLflow (summary.json and RESULT are still written)
+    # a tracking server (http(s)://) that does not answer at job start: true = error before any work, false = a
+    # warning and the local sqlite store under the wxray home instead (RESULT's tracking_fallback)
+    required: bool = True
+    fallback: ClassVar[str] = ""  # set by check_server: the local store used instead of a server that is down
 
 
 def resolve_uri(uri: str = "") -> str:
     """An absolute tracking URI: relative sqlite paths resolve against the wxray home (`wxray.io.home`)."""
     uri = uri or os.environ.get("MLFLOW_TRACKING_URI", "")
     if not uri:
-        return f"sqlite:///{resolve_path(DEFAULT_DB)}"
+        return local_uri()
     if uri.startswith("sqlite:///"):
         return f"sqlite:///{resolve_path(uri[len('sqlite:///'):])}"
     if "://" not in uri:
         raise ConfigError(f"config key 'tracking.uri' expects sqlite:///<file> or a server URL "
                           f"(MLflow 3 refuses the plain file store), got {uri!r}")
     return uri
+
+
+def local_uri() -> str:
+    """The local sqlite store under the wxray home (the default, and the fallback for a server that is down)."""
+    return f"sqlite:///{resolve_path(DEFAULT_DB)}"
+
+
+PROBE_TIMEOUT_S = 5.0
+# A key (split into words at . _ -) is a credential when a word is one of SECRET_WORDS, or it ends in a
+# token (hf_token, access_token: not num_tokens, token_dim) or an api/private/secret key.
+SECRET_WORDS = {"password", "passwd", "passphrase", "secret", "credential", "credentials", "apikey"}
+SECRET_ENDINGS = ("token", "api_key", "access_key", "private_key", "secret_key")
+REDACTED = "***"
+_URL_PASSWORD = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://[^/@:\s]*):[^/@\s]*@")
+
+
+def redact_uri(text: str) -> str:
+    """`text` with the password of any URL in it (scheme://user:password@host) replaced by ***."""
+    return _URL_PASSWORD.sub(rf"\1:{REDACTED}@", text)
+
+
+def is_secret(key: str) -> bool:
+    words = re.split(r"[._\-]", key.lower())
+    return bool(SECRET_WORDS & set(words)) or "_".join(words).endswith(SECRET_ENDINGS)
+
+
+def redact(key: str, value: Any) -> Any:
+    """The value to show of config key `key`: *** for a credential-looking key, URL passwords removed."""
+    if is_secret(key) and value not in (None, ""):
+        return REDACTED
+    if isinstance(value, str):
+        return redact_uri(value)
+    if isinstance(value, dict):
+        return {k: redact(k, v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [redact(key, v) for v in value]
+    return value
+
+
+def probe_server(uri: str, timeout_s: float = PROBE_TIMEOUT_S) -> str | None:
+    """None when the MLflow server at `uri` answers GET /health within `timeout_s` (any HTTP answer below 500:
+    a server asking for credentials is up), else why not. One try: MLflow's own client retries for minutes."""
+    context = None
+    if uri.startswith("https://"):
+        if os.environ.get("MLFLOW_TRACKING_INSECURE_TLS", "").lower() == "true":
+            context = ssl._create_unverified_context()  # the user's own MLflow setting
+        else:
+            context = ssl.create_default_context(cafile=os.environ.get("MLFLOW_TRACKING_SERVER_CERT_PATH") or None)
+    url = re.sub(r"//[^/@]*@", "//", uri.rstrip("/")) + "/health"  # credentials go in the header, not the URL
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s, context=context):
+            return None
+    except urllib.error.HTTPError as e:
+        return None if e.code < 500 else f"it answered HTTP {e.code}"
+    except (OSError, ValueError, http.client.HTTPException) as e:  # URLError is an OSError
+        reason = getattr(e, "reason", e)
+        return f"{type(reason).__name__}: {reason}" if not isinstance(reason, str) else reason
+
+
+def check_server(cfg: TrackingConfig, timeout_s: float = PROBE_TIMEOUT_S) -> str | None:
+    """Before any work: a tracking server that does not answer is a ConfigError naming it (tracking.required),
+    or with tracking.required=false the local sqlite store instead (`cfg.uri`, `cfg.fallback`): then the
+    warning to show is returned. None when the server answers (or there is none)."""
+    if not cfg.enabled or not cfg.uri.startswith(("http://", "https://")):
+        return None
+    why = probe_server(cfg.uri, timeout_s)
+    if why is None:
+        return None
+    shown = redact_uri(cfg.uri)
+    if cfg.required:
+        raise ConfigError(f"tracking server {shown} does not answer ({why}): start it (make mlflow-server), "
+                          "fix tracking.uri / MLFLOW_TRACKING_URI, or set tracking.required=false to log to the "
+                          "local sqlite store instead")
+    cfg.uri = cfg.fallback = local_uri()
+    return (f"tracking server {shown} does not answer ({why}); tracking.required=false: logging to the local "
+            f"store {cfg.uri} instead")
 
 
 class Tracker:
@@ -97,7 +187,7 @@ class Tracker:
             return {}
         data = self._mlflow.get_run(self.run_id).data
         existing, tags = data.params, data.tags
-        values = {k: str(v)[:6000] for k, v in params.items()}
+        values = {k: str(redact(k, v))[:6000] for k, v in params.items()}
         fresh = {k: v for k, v in values.items() if k not in existing}
         if fresh:
             self._mlflow.log_params(fresh)
