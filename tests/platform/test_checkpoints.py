@@ -21,3 +21,45 @@ def test_meta_model_completes_keys_added_since():
     assert checkpoints.meta_model({"model": {"embed_dim": 8}}) == {"embed_dim": 8, "pos_embed": "fixed"}
     assert checkpoints.meta_model({"model": {"pos_embed": "learned"}}) == {"pos_embed": "learned"}
     assert checkpoints.meta_model({}) == {}
+
+
+@pytest.mark.parametrize("written_with", ["provenance", "older meta.json"])
+def test_checkpoints_carry_provenance_and_older_ones_still_load(tmp_path, written_with):
+    prov = {"git": {"commit": "abc", "dirty": False}, "store": {"path": "/s.zarr", "metadata_sha256": "ff"}}
+    meta = {"model": {"embed_dim": 8}, **({checkpoints.PROVENANCE: prov} if written_with == "provenance" else {})}
+    d = checkpoints.save(tmp_path / "ckpt", {"model": {}}, meta)
+    _, back = checkpoints.load(d, expect_model={"embed_dim": 8})
+    assert checkpoints.meta_provenance(back) == (prov if written_with == "provenance" else {})
+
+
+def test_a_pickled_object_in_state_pt_is_refused_not_run(tmp_path):
+    import shutil
+
+    import torch
+
+    d = tmp_path / "ckpt"
+    checkpoints.save(d, {"model": {}}, {})
+    torch.save({"model": {}, "evil": shutil.rmtree}, d / checkpoints.STATE)
+    with pytest.raises(CheckpointError, match="is corrupt or not a weights-only torch file"):
+        checkpoints.load(d)
+
+
+def test_every_torch_load_is_weights_only_and_nothing_unpickles():
+    """Security: checkpoints are data, never code. Every torch.load of the package and the jobs passes
+    weights_only=True; nothing calls pickle.load(s)."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    calls = []
+    for f in [*(root / "wxray").rglob("*.py"), *(root / "jobs").glob("*.py")]:
+        text = f.read_text()
+        assert not re.search(r"\b(c?pickle|dill)\.loads?\(", text), f
+        for m in re.finditer(r"torch\.load\(", text):
+            depth, end = 0, m.end() - 1
+            for end in range(m.end() - 1, len(text)):
+                depth += {"(": 1, ")": -1}.get(text[end], 0)
+                if depth == 0:
+                    break
+            calls.append((f.name, text[m.start():end + 1]))
+    assert calls and all("weights_only=True" in call for _, call in calls), calls

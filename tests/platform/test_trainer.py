@@ -79,6 +79,14 @@ def test_same_run_name_resumes_from_last_checkpoint(ray_session, wave_store, tmp
     run = mlflow.tracking.MlflowClient(f"sqlite:///{tmp_path}/mlflow.db").get_run(second["mlflow_run_id"])
     assert run.data.params["train.epochs"] == "1" and run.data.tags["resumed_with.train.epochs"] == "2"
     assert run.data.tags["mlflow.runName"] == "resumable"
+    # ... and on what produced it: the commit, versions, the store's fingerprint, the seeds, the Ray nodes
+    prov = json.loads((out / "summary.json").read_text())["provenance"]
+    meta = json.loads((Path(second["checkpoint"]) / "meta.json").read_text())
+    assert meta["provenance"]["git"] == prov["git"] and meta["provenance"]["store"] == prov["store"]
+    assert prov["store"]["path"] == str(wave_store.resolve()) and len(prov["store"]["metadata_sha256"]) == 64
+    assert prov["seeds"]["train.seed"] == 0 and prov["ray_nodes"][0]["cpus"] >= 1
+    assert run.data.tags["wxray.git_commit"] == prov["git"]["commit"]
+    assert run.data.tags["wxray.store_sha256"] == prov["store"]["metadata_sha256"]
 
 
 def _checkpoint_dir(tmp_path, meta: dict | None, state) -> str:

@@ -8,8 +8,9 @@ way: `next_epoch` in the state and `epoch` in meta.json are the number of epochs
 `meta.json` names the format and the model config, so a foreign or mismatched checkpoint is a one-line
 `CheckpointError` rather than a shape error deep inside `load_state_dict`; it also keeps the data config
 and the normalisation the model was trained with (`normalisation`: channel names beside their mean/std
-vectors), so a forecast from another store normalises as training did. Checkpoints written before a key
-existed stay readable (`meta_model`, `resume_epoch`; `apply_normalisation` returns None).
+vectors), so a forecast from another store normalises as training did, and the run's `provenance` (git
+commit, versions, the training store's fingerprint, seeds: wxray.provenance). Checkpoints written before a key
+existed stay readable (`meta_model`, `resume_epoch`, `meta_provenance`; `apply_normalisation` returns None).
 """
 
 from __future__ import annotations
@@ -49,6 +50,14 @@ def meta_model(meta: dict[str, Any]) -> dict[str, Any]:
         for key, then in _MODEL_KEYS_ADDED.items():
             model.setdefault(key, then)
     return model
+
+
+PROVENANCE = "provenance"  # meta.json: what produced the checkpoint (wxray.provenance.collect + store)
+
+
+def meta_provenance(meta: dict[str, Any]) -> dict[str, Any]:
+    """The provenance meta.json records; {} for checkpoints written before it did."""
+    return dict(meta.get(PROVENANCE) or {})
 
 
 NORMALISATION = "normalisation"

@@ -24,6 +24,7 @@ from wxray.platform.reporting import ProgressPrinter
 from wxray.platform.train_config import TrainSparseConfig
 from wxray.platform.trainer_loop import build_forecaster, model_identity, train_fn_per_worker
 from wxray.platform.windows import fit_spec
+from wxray.provenance import store_fingerprint
 
 
 def check_model(cfg: TrainSparseConfig, data: WindowData) -> torch.nn.Module:
@@ -44,11 +45,13 @@ def check_model(cfg: TrainSparseConfig, data: WindowData) -> torch.nn.Module:
 
 
 def make_trainer(cfg: TrainSparseConfig, data: WindowData, out_dir: Path, tracking_uri: str = "",
-                 mlflow_run_id: str = "", progress=None, callbacks: list | None = None, decisions: str = ""):
+                 mlflow_run_id: str = "", progress=None, callbacks: list | None = None, decisions: str = "",
+                 provenance: dict | None = None):
     """The `TorchTrainer` of a training run; Ray Train's storage is `<out_dir>/ray`, run name `train`, so a
     re-run into the same directory (a resumed job, a restored Tune trial) finds its checkpoints.
     `callbacks`: Ray Train callbacks (a Tune trial passes TuneReportCallback); `decisions`: the folder
-    where a sweep's scheduler leaves its stop/continue decision after each epoch (reporting.stop_requested)."""
+    where a sweep's scheduler leaves its stop/continue decision after each epoch (reporting.stop_requested);
+    `provenance`: the run's (JobContext.provenance), kept in every checkpoint's meta.json."""
     from ray.train import CheckpointConfig, FailureConfig, RunConfig
     from ray.train.torch import TorchTrainer
 
@@ -59,7 +62,7 @@ def make_trainer(cfg: TrainSparseConfig, data: WindowData, out_dir: Path, tracki
                    "has_val": "val" in datasets, "out_dir": str(out_dir.resolve()),
                    "model_identity": model_identity(cfg.model, data.spec),
                    "tracking_uri": tracking_uri, "mlflow_run_id": mlflow_run_id, "progress": progress,
-                   "decisions": decisions}
+                   "decisions": decisions, "provenance": provenance}
     return TorchTrainer(
         train_fn_per_worker,
         train_loop_config=loop_config,
@@ -137,6 +140,7 @@ def train_sparse(cfg: TrainSparseConfig, ctx: JobContext, callbacks: list | None
     acc.ensure_ray(cfg.ray_address, timeout_s=cfg.ray_timeout_s)
     acc.check_cluster_fits(cfg.scaling, reserve_cpus=cfg.data.read_cpus)
     resumed_from = check_resume(cfg, data, Path(cfg.out_dir))
+    ctx.provenance["store"] = store_fingerprint(data.spec.store)
     ctx.start()  # every input is checked: only now does the run directory change
     if resumed_from is not None:
         say(f"resuming from {resumed_from}")
@@ -149,7 +153,8 @@ def train_sparse(cfg: TrainSparseConfig, ctx: JobContext, callbacks: list | None
     ctx.keep_on_failure = True  # checkpoints written from here on are what a re-run resumes from
     with ProgressPrinter() as progress:
         trainer = make_trainer(cfg, data, Path(ctx.out_dir), ctx.tracker.uri, ctx.tracker.run_id or "",
-                               progress=progress.queue, callbacks=callbacks, decisions=decisions)
+                               progress=progress.queue, callbacks=callbacks, decisions=decisions,
+                               provenance=ctx.provenance)
         try:
             result = trainer.fit()
         except Exception as e:  # Ray wraps worker errors; show the cause in one line

@@ -341,7 +341,8 @@ def train_fn_per_worker(config: dict[str, Any]) -> None:
                          f"{metrics['train/epoch_samples_per_s_per_worker']:.1f} samples/s/worker")
         report_epoch(reporter, model, opt, metrics, rank, cfg, epoch, step, seen,
                      {"model": config["model_identity"], "data": {**config["cfg"]["data"], "store": spec.store},
-                      checkpoints.NORMALISATION: checkpoints.normalisation_meta(spec)})
+                      checkpoints.NORMALISATION: checkpoints.normalisation_meta(spec),
+                      checkpoints.PROVENANCE: config.get("provenance") or {}})
         if config.get("decisions") and stop_requested(config["decisions"], epoch + 1, rank, world, device):
             if rank == 0:
                 reporter.say(f"stopped early by the sweep's scheduler after epoch {epoch + 1}")
