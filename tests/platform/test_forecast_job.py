@@ -24,6 +24,7 @@ from wxray.platform.rollout import rollout
 from wxray.platform.train_config import ModelConfig, TrainSparseConfig
 from wxray.platform.trainer_loop import build_forecaster, model_identity
 from wxray.platform.windows import fit_spec, make_spec
+from wxray.provenance import store_fingerprint
 from wxray.verify.evaluate import EvaluateConfig, evaluate
 
 TRAJECTORY_1 = "2000-01-01T06/2000-01-04T06"  # every init of the first trajectory with truth 12 h ahead
@@ -154,6 +155,11 @@ def test_run_directory_with_config_yaml_and_padded_grid(store, tmp_path, capsys)
     assert res["first_init"] >= "2000-01-07"  # the test split is the end of the record
     fc = xr.open_zarr(res["forecast"])
     assert "member" not in fc.dims and fc.sizes["latitude"] == 9  # pad keeps every row, writes no padding
+    # provenance: the store forecast from (its metadata hash) and the checkpoint's own provenance
+    prov = json.loads((tmp_path / "fc" / "summary.json").read_text())["provenance"]
+    assert prov["store"] == store_fingerprint(store) and prov["store"]["time_range"][0] == "2000-01-01T00:00:00"
+    assert prov["checkpoint"] == {"path": res["checkpoint"]} and prov["seeds"] == {"seed": 0}
+    assert prov == json.loads((tmp_path / "fc" / "provenance.json").read_text())
 
 
 def _anchors(store, fc) -> np.ndarray:
@@ -298,3 +304,32 @@ def test_training_evaluation_and_forecast_job_make_one_forecast(store, tmp_path,
     assert {k: v for k, v in after_training["rollout"].items() if k not in ("split", "note")} == job
     xr.testing.assert_identical(xr.open_zarr(after_training["forecast"]).drop_attrs(),
                                 xr.open_zarr(res["forecast"]).drop_attrs())
+
+
+@pytest.mark.parametrize("other, needle", [
+    ("no constant", "missing ['land_sea_mask']"),
+    ("extra variable", "not trained on ['humidity_500']"),
+    ("other level", "variable 'geopotential' has no level [500] hPa (has: [850])"),
+])
+@pytest.mark.parametrize("older", [False, True], ids=["normalisation in meta.json", "older checkpoint"])
+def test_a_store_with_other_channels_is_refused_before_any_work(store, tmp_path, capsys, other, needle, older):
+    """jobs/forecast.py refuses a store whose variables, levels or constants are not the checkpoint's, in one
+    line before the run directory exists -- also for checkpoints written before meta.json kept the
+    normalisation (the training store's stats would not even have the new channel)."""
+    ckpt, _, _ = _save_checkpoint(tmp_path / "ckpt", store, normalisation=not older)
+    path = tmp_path / "other.zarr"
+    kw = {"with_const": other != "no constant", "levels": (850,) if other == "other level" else (500,)}
+    ds = write_tiny_store(path, n_traj=2, steps=16, grid=(9, 16), **kw)
+    if other == "extra variable":
+        ds[["temperature"]].rename(temperature="humidity").drop_vars("trajectory").to_zarr(
+            path, mode="a", zarr_format=3, consolidated=False)
+    out = tmp_path / "out"
+    rc, res, err = _run(capsys, "forecast", ForecastConfig, forecast,
+                        [f"checkpoint={ckpt}", f"store={path}", f"out_dir={out}", "tracking.enabled=false",
+                         f"inits={TRAJECTORY_1}"])
+    assert rc == 2 and res is None, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], err
+    if other != "other level":
+        assert lines[0].startswith(f"error: store {path} does not have the channels checkpoint {ckpt} was trained on")
+    assert not out.exists()

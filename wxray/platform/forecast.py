@@ -9,9 +9,11 @@ persistence where the store has the truth.
 `checkpoint` is a training run directory (its newest checkpoint under `ray/`) or one checkpoint
 directory. The model and data configs are the ones the checkpoint was trained with: its meta.json
 (`model`, `data`), else the run directory's config.yaml. The store (`store=`) may be another one with
-the same channels, e.g. a later period; an init needs only its history in the store, and inits with
-truth for every lead are scored. Whatever the store, windows are normalised as in training: with the
-vectors meta.json keeps (`normalisation`), or for older checkpoints the training store's statistics.
+the same channels, e.g. a later period (other channels: a one-line CheckpointError before any work); an
+init needs only its history in the store, and inits with truth for every lead are scored. Whatever the
+store, windows are normalised as in training: with the vectors meta.json keeps (`normalisation`), or for
+older checkpoints the training store's statistics. The run's provenance (provenance.json, summary.json)
+names the store's fingerprint and the checkpoint's own provenance.
 
 `members` = M > 1 forecasts every init M times, member m drawing its token selection from a
 generator seeded by (seed, init time, m) (rollout.py), so a member can be recomputed alone; M = 1 is
@@ -41,6 +43,7 @@ from wxray.platform.datasets import DataConfig
 from wxray.platform.rollout import check_rollout, rollout_anchors, routing_varies
 from wxray.platform.train_config import ModelConfig, SamplerConfig
 from wxray.platform.windows import WindowSpec, fit_spec, make_spec, parse_range, split_anchors, valid_anchors
+from wxray.provenance import store_fingerprint
 
 
 @dataclass
@@ -120,11 +123,34 @@ def _placeholder_stats(ds: xr.Dataset) -> Stats:
     return Stats(mean=zero, std=one, diff_mean=zero, diff_std=one, climatology=None)
 
 
+def _channels(spec: WindowSpec) -> list[str]:
+    """A spec's channels as `trainer_loop.model_identity` records them in meta.json (`model.channels`)."""
+    return ([c.name for c in spec.inputs] + ["->"] + [c.name for c in spec.targets] + ["const:"]
+            + list(spec.constants))
+
+
+def check_channels(ckpt: Path, meta: dict[str, Any], spec: WindowSpec) -> None:
+    """CheckpointError unless the store of `spec` gives the channels (variables, levels, constants) the
+    checkpoint was trained on, in its order; checkpoints that do not record them are checked by their weights."""
+    theirs = checkpoints.meta_model(meta).get("channels")
+    ours = _channels(spec)
+    if theirs is None or theirs == ours:
+        return
+    missing = list(dict.fromkeys(c for c in theirs if c not in ours))  # inputs and targets share names
+    extra = list(dict.fromkeys(c for c in ours if c not in theirs))
+    what = "; ".join(f"{k} {v}" for k, v in (("missing", missing), ("not trained on", extra)) if v) or \
+        f"in another order or role ({' '.join(ours)}; trained on {' '.join(theirs)})"
+    raise CheckpointError(f"store {spec.store} does not have the channels checkpoint {ckpt} was trained on: {what} "
+                          "(forecast from a store with the training variables, levels and constants)")
+
+
 def trained_spec(ckpt: Path, meta: dict[str, Any], store: str, ds: xr.Dataset, model_cfg: ModelConfig,
                  data_cfg: DataConfig) -> WindowSpec:
     """The windows of `store` normalised as the checkpoint was trained, whatever store is forecast: the
-    vectors meta.json keeps, else (older checkpoints) the statistics of the training store `data.store`."""
+    vectors meta.json keeps, else (older checkpoints) the statistics of the training store `data.store`.
+    The store's channels must be the checkpoint's (`check_channels`)."""
     spec = make_spec(store, ds, _placeholder_stats(ds), data_cfg)
+    check_channels(ckpt, meta, spec)
     trained = checkpoints.apply_normalisation(spec, meta, ckpt)
     if trained is None:  # written before meta.json kept the normalisation
         train_store = resolve_path(data_cfg.store)
@@ -197,6 +223,8 @@ def forecast(cfg: ForecastConfig, ctx: JobContext) -> dict[str, Any]:
                           "random routing, so every member would be the same")
     anchors = choose_inits(ds, spec, data_cfg, cfg, store)
     device = resolve_device(cfg.device)
+    ctx.provenance["store"] = store_fingerprint(store, ds)
+    ctx.provenance["checkpoint"] = {"path": str(ckpt), **checkpoints.meta_provenance(meta)}
     tracker = ctx.tracker  # every input is checked: the run starts here
 
     members = list(range(cfg.members)) if cfg.members > 1 else None
