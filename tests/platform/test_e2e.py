@@ -239,7 +239,8 @@ def test_ensemble_and_ose_jobs_on_actors(chain, tmp_path, capsys):
 
     stages, uri, _ = chain
     _uplifted(stages)
-    common = [f"checkpoint={stages}", "members.M=2", "members.N=2", "lead_steps=1", "dropout=0.2"]
+    common = [f"checkpoint={stages}", "members.M=2", "members.N=2", "lead_steps=1", "dropout=0.2",
+              "workers.actors=1"]  # one replica: the actors' own tests are in test_ensemble.py
     out = tmp_path / "ens"
     res = _run("ensemble", EnsembleConfig, ensemble, [*common, INITS, "members.R=2", f"out_dir={out}",
                                                       f"tracking.uri={uri}"])
@@ -255,7 +256,7 @@ def test_ensemble_and_ose_jobs_on_actors(chain, tmp_path, capsys):
     run = mlflow.MlflowClient(uri).get_run(res["mlflow_run_id"])
     assert "ensemble/rho_drop/geopotential" in run.data.metrics
 
-    res = _run("ose", OSEConfig, ose, [*common, "inits=2000-01-01T06/2000-01-02T12", "deny=[stations]",
+    res = _run("ose", OSEConfig, ose, [*common, "inits=2000-01-01T06/2000-01-02T00", "deny=[stations]",
                                        "n_resamples=200", f"out_dir={tmp_path / 'ose'}", "tracking.enabled=false",
                                        "plots=false"])
     assert res["ranking"] == ["stations"] and set(res["runs"]) == {"baseline", "stations"}
@@ -267,7 +268,7 @@ def test_ensemble_and_ose_jobs_on_actors(chain, tmp_path, capsys):
     # bad input: one line, exit 2, nothing written
     capsys.readouterr()
     for argv, msg in ((["members.M=1"], "members.M=1"), (["deny=[radar]"], "radar"),
-                      (["workers.actors=64", "workers.num_cpus=2"], "num_cpus=2"),
+                      (["workers.actors=64", "workers.num_cpus=3"], "num_cpus=3"),
                       (["inits=1990-01-01T00/1990-01-02T00"], "inits=")):
         bad = tmp_path / "bad"
         rc = run_job("ose", OSEConfig, ose, [*common, *argv, f"out_dir={bad}", "tracking.enabled=false"])
