@@ -1,12 +1,13 @@
 """Batch ensembles on Ray actors: one model replica per actor, work units (init t, encoder draw i) fanned out.
 
-Plain actors, not Ray Data `map_batches` with an actor pool: a unit is one heavy call (an encoder pass and a
-rollout of N x R rows) on a few MB of inputs, units number in the hundreds, and every result must reach one
-writer that puts it in place by coordinate. Plain actors give that with no block (de)serialisation and
-no streaming-executor scheduling between read, compute and write stages; each init's inputs are read once by
-the driver and shared through the object store by its M units; a unit's coordinates travel with it, so
-results are written as they arrive, in any order. Each actor has at most two units in flight, so it never
-waits for the driver between units.
+Plain actors, not Ray Data `map_batches` with an actor pool. Measured (`benchmarks/bench_ensemble.py`,
+BENCHMARKS.md section 6): the same units on the same replicas run at the same speed either way (plain actors
+1.04x on 2 CPUs), since a unit is one heavy call (an encoder pass and a rollout of N x R rows) and
+scheduling costs nothing next to it. What decides it: every result must reach one writer that puts it in
+place by coordinate and records it as done, an actor that dies must be restarted and only its units
+retried, and each init's inputs should be read once for its M units. Plain actors with `ray.wait` do all
+three directly; a unit's coordinates travel with it, so results are written in any order. Each actor has
+at most two units in flight, so it never waits for the driver between units.
 
 Failures: an actor that dies is restarted (`max_restarts`) and its in-flight units are retried
 (`max_task_retries`). The restarted actor rebuilds its replica from the same object; the units' draws
