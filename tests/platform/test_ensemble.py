@@ -128,8 +128,29 @@ def test_actors_kill_and_resume_give_the_same_members_and_moments_the_same_split
     assert len(written) == 3 and not set(written) & set(calls)
     xr.testing.assert_identical(xr.open_zarr(resumed["fields"]).load(), ref)
 
-    # streamed moments: the same split as the stored members, without them
-    moments = _run(setup, Plan(**{**plan.__dict__, "keep_members": False}), tmp_path / "moments", actors=2)
+    # a finished run is not computed again
+    again = []
+    _run(setup, plan, tmp_path / "one", write=lambda a, i, u: again.append((a, i)))
+    assert again == [] and xr.open_zarr(one["fields"]).load().identical(ref)
+
+    # streamed moments, interrupted after four units and resumed: only whole inits count as written (a unit is
+    # never merged twice), and the split equals the stored members'
+    mplan = Plan(**{**plan.__dict__, "keep_members": False})
+    mstore = EnsembleStore(tmp_path / "moments", _layout(setup, mplan))
+    mstore.open()
+    seen = []
+
+    def stop_after_four(a, i, unit):
+        if len(seen) == 4:
+            raise RuntimeError("interrupted")
+        seen.append((a, i))
+        mstore.write(a, i, unit)
+
+    with pytest.raises(RuntimeError, match="interrupted"):
+        _run(setup, mplan, tmp_path / "moments", actors=2, write=stop_after_four)
+    kept = EnsembleStore(tmp_path / "moments", _layout(setup, mplan)).open()
+    assert kept == {(a, k) for a, _ in kept for k in range(3)} and len(kept) < 6
+    moments = _run(setup, mplan, tmp_path / "moments", actors=2)
     assert moments["fields"].name == "moments.zarr"
     streamed = split_moments(xr.open_zarr(moments["fields"]).load(), n=2, r=2)["geopotential"]
     stored = split_members(ref)["geopotential"]

@@ -135,7 +135,7 @@ def run_members(cfg: EnsembleConfig, ctx: JobContext, models: UnitModels, layout
 
     w = cfg.workers
     ensure_ray(cfg.ray_address)
-    check_fits(min(w.actors, len(anchors) * layout.plan.members_m), w.num_cpus, w.num_gpus)  # before any output
+    check_fits(min(w.actors, len(anchors) * layout.plan.members_m), w.num_cpus, w.num_gpus, w.vendor)  # no output yet
     out = ctx.out_dir / sub_dir
     out.mkdir(parents=True, exist_ok=True)
     store = EnsembleStore(out, layout)
@@ -144,6 +144,9 @@ def run_members(cfg: EnsembleConfig, ctx: JobContext, models: UnitModels, layout
     plan = layout.plan
     units = [(a, i) for a in range(len(anchors)) for i in range(plan.members_m) if (a, i) not in done]
     total = len(anchors) * plan.members_m
+    if store.complete:
+        say(f"{out}: this run's stores are complete already, reusing them")
+        return store.finish()
     say(f"{total} unit(s) (init x encoder draw) of {plan.members_n * plan.members_r} member(s) each"
         + (f"; {total - len(units)} already written, continuing" if done else "")
         + f"; {min(cfg.workers.actors, max(len(units), 1))} actor(s)")

@@ -44,17 +44,21 @@ def actor_capacity(nodes: Iterable[dict[str, float]], num_cpus: float, num_gpus:
     return total
 
 
-def check_fits(actors: int, num_cpus: float, num_gpus: float) -> None:
-    """ConfigError unless the live cluster can hold `actors` actors of that size at once."""
-    import ray
+def check_fits(actors: int, num_cpus: float, num_gpus: float, vendor: str = "any") -> None:
+    """ConfigError unless the live cluster (with vendor != any: that vendor's nodes) can hold `actors` actors of
+    that size at once."""
+    from wxray.platform.placement import cluster_nodes
 
-    nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
-    room = actor_capacity(nodes, num_cpus, num_gpus)
+    nodes = cluster_nodes()
+    if vendor != "any":
+        nodes = [n for n in nodes if n.vendor == vendor]
+    room = actor_capacity([n.total for n in nodes], num_cpus, num_gpus)
     if room < actors:
-        cpus = sum(n.get("CPU", 0.0) for n in nodes)
-        gpus = sum(n.get("GPU", 0.0) for n in nodes)
-        raise ConfigError(f"actors={actors} of num_cpus={num_cpus:g}, num_gpus={num_gpus:g} each: the cluster "
-                          f"({len(nodes)} node(s), {cpus:g} CPU, {gpus:g} GPU) holds at most {room}; lower "
+        cpus = sum(n.total.get("CPU", 0.0) for n in nodes)
+        gpus = sum(n.total.get("GPU", 0.0) for n in nodes)
+        where = "the cluster" if vendor == "any" else f"the cluster's {vendor} nodes"
+        raise ConfigError(f"actors={actors} of num_cpus={num_cpus:g}, num_gpus={num_gpus:g} each: {where} "
+                          f"({len(nodes)} node(s), {cpus:g} CPU, {gpus:g} GPU) hold at most {room}; lower "
                           "actors or the per-actor resources")
 
 
@@ -90,11 +94,6 @@ class _Worker:
             self.models = ray.get(models[0]).to(self.device).prepare(self.plan.dropout)
         return a, i, run_unit(self.models, inputs, init_time, i, self.plan, self.device)
 
-    def pid(self) -> int:
-        import os
-
-        return os.getpid()
-
 
 def worker_class():
     import ray
@@ -118,7 +117,7 @@ def fan_out(models: UnitModels, plan: Plan, units: list[Unit], init_times: np.nd
     if not units:
         return 0
     actors = min(actors, len(units))
-    check_fits(actors, num_cpus, num_gpus)
+    check_fits(actors, num_cpus, num_gpus, vendor)
     ref = ray.put(models)
     threads = max(1, int(num_cpus)) if num_gpus == 0 else 0
     from wxray.platform.placement import actor_options

@@ -13,13 +13,15 @@ mean, between / middle / within sums of squares) per (init, lead, point), in flo
 Chunks: a member store holds one chunk per unit (init t, encoder draw i) per variable -- all N x R members,
 leads and grid points of the unit -- so a unit's write replaces whole chunks (no read-modify-write) and the
 file count is inits x M x variables, not one per member. A moment store holds one chunk per init and
-variable; the driver, the only writer, merges each unit into it (Chan's parallel update), so its size does
-not grow with M x N x R.
+variable: the driver, the only writer, merges an init's units in memory as they arrive (Chan's parallel
+update) and writes the chunk once all M are in, so its size does not grow with M x N x R and no unit is ever
+merged twice, however the run is interrupted.
 
 While a run is going the stores are `<name>.partial` beside `units_done.json` (the fingerprint of the run
 and the units written, each listed only after its chunks are); a re-run into the same directory with the same
-fingerprint skips those units. When every unit is in, each store is renamed to its final name: a store
-under the final name is always complete.
+fingerprint skips those units, and one whose final stores carry its fingerprint (attr `wxray_fingerprint`)
+computes nothing. When every unit is in, each store is moved to its final name: a store under the final
+name is always complete.
 """
 
 from __future__ import annotations
@@ -38,13 +40,14 @@ import zarr
 
 from wxray.data.schema import LAT, LEVEL, LON
 from wxray.errors import DataError
-from wxray.io import write_json
+from wxray.io import atomic_path, write_json
 from wxray.platform.ensemble_units import Plan
 from wxray.platform.rollout import INIT, LEAD
 from wxray.platform.windows import WindowSpec
 from wxray.verify.anova import DROPOUT_DRAW, ENCODER_DRAW, MOMENT, MOMENTS, ROUTING_DRAW, merge_moments
 
 DONE = "units_done.json"
+FINGERPRINT = "wxray_fingerprint"  # store attr: which run wrote it
 STATION, STATION_VARIABLE, STATION_FORECAST = "station", "station_variable", "station_forecast"
 
 
@@ -64,10 +67,6 @@ class Layout:
     @property
     def member_dims(self) -> tuple[str, ...]:
         return (ENCODER_DRAW, DROPOUT_DRAW) + ((ROUTING_DRAW,) if self.plan.members_r > 1 else ())
-
-    @property
-    def replicate_dims(self) -> tuple[str, ...]:
-        return self.member_dims[1:]
 
     def channel_groups(self) -> list[tuple[str, list[int], list | None]]:
         """(variable, channel indices, levels or None) of the state, in the spec's order."""
@@ -157,7 +156,11 @@ class EnsembleStore:
         self.names = {"fields": field_name}
         if layout.stations is not None:
             self.names["stations"] = station_name
+        self.fingerprint = layout.fingerprint()
         self.done: set[tuple[int, int]] = set()
+        self.complete = False  # the final stores of this very run exist: nothing to compute
+        self.groups: dict[str, Any] = {}
+        self.pending: dict[int, dict[str, Any]] = {}  # moments: init -> merged so far, written when all M are in
 
     def final(self, kind: str) -> Path:
         return self.out_dir / self.names[kind]
@@ -165,67 +168,97 @@ class EnsembleStore:
     def partial(self, kind: str) -> Path:
         return self.out_dir / (self.names[kind] + ".partial")
 
+    def _finished(self) -> bool:
+        for kind in self.names:
+            try:
+                attrs = zarr.open_group(str(self.final(kind)), mode="r", zarr_format=2).attrs
+            except (FileNotFoundError, zarr.errors.NodeNotFoundError, ValueError):
+                return False
+            if attrs.get(FINGERPRINT) != self.fingerprint:
+                return False
+        return True
+
     def open(self) -> set[tuple[int, int]]:
         """Create the partial stores, or continue those of an interrupted run with the same fingerprint.
-        Returns the units (init index, encoder draw) already written."""
+        Returns the units (init index, encoder draw) already written: all of them when this run finished."""
         done_file = self.out_dir / DONE
-        fp = self.layout.fingerprint()
+        every = {(a, i) for a in range(len(self.layout.init_times)) for i in range(self.layout.plan.members_m)}
+        if self._finished():
+            self.complete = True
+            done_file.unlink(missing_ok=True)  # a run stopped between its renames and this file's removal
+            return every
         if done_file.is_file():
             state = json.loads(done_file.read_text())
-            if state.get("fingerprint") == fp and all(self.partial(k).is_dir() for k in self.names):
+            if state.get("fingerprint") == self.fingerprint and all(self.partial(k).is_dir() for k in self.names):
                 self.done = {(int(a), int(i)) for a, i in state["done"]}
+                self._open_groups()
                 return set(self.done)
             raise DataError(f"{self.out_dir}: holds a partial ensemble run with other settings (fingerprint "
-                            f"{state.get('fingerprint')} != {fp}); give another out_dir")
+                            f"{state.get('fingerprint')} != {self.fingerprint}); give another out_dir")
         for kind in self.names:
             template = (_field_template if kind == "fields" else _station_template)(self.layout, self.moments)
+            template.attrs[FINGERPRINT] = self.fingerprint
             template.to_zarr(self.partial(kind), mode="w", compute=False, zarr_format=2, consolidated=True)
-        write_json(done_file, {"fingerprint": fp, "done": []})
+        write_json(done_file, {"fingerprint": self.fingerprint, "done": []})
+        self._open_groups()
         return set()
 
+    def _open_groups(self) -> None:
+        self.groups = {k: zarr.open_group(str(self.partial(k)), mode="r+", zarr_format=2) for k in self.names}
+
     def write(self, a: int, i: int, unit: dict[str, np.ndarray]) -> None:
-        """Write unit (init index a, encoder draw i) by coordinate; then record it as done."""
-        self._write_fields(a, i, unit["fields"])
-        if "stations" in self.names and "stations" in unit:
-            self._write_stations(a, i, unit["stations"])
-        self.done.add((a, i))
-        write_json(self.out_dir / DONE, {"fingerprint": self.layout.fingerprint(), "done": sorted(self.done)})
+        """Write unit (init index a, encoder draw i) by coordinate, then record it as done. Moments are merged
+        in memory and an init's chunks written once all its M units are in (then all M are recorded): a
+        unit is never merged twice, however a run is interrupted."""
+        if self.moments:
+            entry = self.pending.setdefault(a, {"n": 0})
+            for kind in self.names:
+                entry[kind] = _merge(entry.get(kind), unit[kind])
+            entry["n"] += 1
+            if entry["n"] < self.layout.plan.members_m:
+                return
+            del self.pending[a]
+            self._write_fields(a, i, entry["fields"])
+            if "stations" in self.names:
+                self.groups["stations"][STATION_FORECAST][a] = entry["stations"]
+            self.done |= {(a, k) for k in range(self.layout.plan.members_m)}
+        else:
+            self._write_fields(a, i, unit["fields"])
+            if "stations" in self.names:
+                self._put(self.groups["stations"][STATION_FORECAST], a, i, unit["stations"])
+            self.done.add((a, i))
+        write_json(self.out_dir / DONE, {"fingerprint": self.fingerprint, "done": sorted(self.done)})
 
     def _write_fields(self, a: int, i: int, fields: np.ndarray) -> None:
-        root = zarr.open_group(str(self.partial("fields")), mode="r+", zarr_format=2)
+        root = self.groups["fields"]
         for var, idx, levels in self.layout.channel_groups():
             # members (lead, N, R, V, h, w) or moments (lead, moment, V, h, w): the channel axis is 3 or 2
             block = fields[:, :, idx] if self.moments else fields[:, :, :, idx]
             if levels is None:
                 block = block[:, :, 0] if self.moments else block[:, :, :, 0]
-            self._put(root[var], a, i, block)
-
-    def _write_stations(self, a: int, i: int, values: np.ndarray) -> None:
-        root = zarr.open_group(str(self.partial("stations")), mode="r+", zarr_format=2)
-        self._put(root[STATION_FORECAST], a, i, values)
+            if self.moments:
+                root[var][a] = block
+            else:
+                self._put(root[var], a, i, block)
 
     def _put(self, array, a: int, i: int, block: np.ndarray) -> None:
-        if self.moments:  # merge the unit's moments into the init's (Chan); NaN = nothing merged yet
-            moment = {MOMENT: list(MOMENTS)}
-            dims = (LEAD, MOMENT, *[f"d{k}" for k in range(block.ndim - 2)])
-            old = xr.DataArray(np.nan_to_num(array[a], nan=0.0), dims=dims, coords=moment)
-            new = xr.DataArray(block, dims=dims, coords=moment)
-            array[a] = merge_moments(old, new).transpose(*dims).values
-        elif self.layout.plan.members_r > 1:
-            array[a, :, i] = block
-        else:
-            array[a, :, i] = block[:, :, 0]
+        array[a, :, i] = block if self.layout.plan.members_r > 1 else block[:, :, 0]
 
     def finish(self) -> dict[str, Path]:
-        """Rename the partial stores to their final names (replacing an older complete run's)."""
-        import shutil
-
-        out = {}
-        for kind in self.names:
-            final = self.final(kind)
-            if final.exists():
-                shutil.rmtree(final)
-            self.partial(kind).rename(final)
-            out[kind] = final
+        """Move the partial stores to their final names (an older run's are replaced), then drop the list."""
+        if not self.complete:
+            for kind in self.names:
+                with atomic_path(self.final(kind)) as tmp:
+                    self.partial(kind).rename(tmp)
         (self.out_dir / DONE).unlink(missing_ok=True)
-        return out
+        return {kind: self.final(kind) for kind in self.names}
+
+
+def _merge(merged: np.ndarray | None, unit: np.ndarray) -> np.ndarray:
+    """Chan's merge of one unit's moments (lead, moment, ...) into an init's (None = nothing yet)."""
+    if merged is None:
+        return unit
+    dims = (LEAD, MOMENT, *[f"d{k}" for k in range(unit.ndim - 2)])
+    moment = {MOMENT: list(MOMENTS)}
+    out = merge_moments(xr.DataArray(merged, dims=dims, coords=moment), xr.DataArray(unit, dims=dims, coords=moment))
+    return out.transpose(*dims).values

@@ -66,9 +66,9 @@ def domain_series(paths: dict, layout) -> dict[str, dict[str, np.ndarray]]:
     p = layout.plan
     ds = xr.open_zarr(paths["fields"]).load()
     parts = split_members(ds) if p.keep_members else split_moments(ds, p.members_n, p.members_r)
-    out: dict[str, dict[str, np.ndarray]] = {c: {} for c in COMPONENTS}
+    out: dict[str, dict[str, np.ndarray]] = {c: {} for c in (*COMPONENTS, "u_total")}
     for var, part in parts.items():
-        for c in COMPONENTS:
+        for c in out:
             mean = spatial_mean(part[c])
             for name, sel in channels(mean, var):
                 out[c][name] = mean.sel(sel).transpose(LEAD, INIT).values.astype(np.float64)
@@ -179,8 +179,7 @@ def ose(cfg: OSEConfig, ctx: JobContext) -> dict[str, Any]:
             tracker.log_artifact(path, "plots")
     base = series["baseline"]
     with np.errstate(divide="ignore", invalid="ignore"):
-        rho = np.nanmean([base["u_drop"][c].mean(-1) / (base["u_drop"][c] + base["u_enc"][c]).mean(-1)
-                          for c in base["u_drop"]], axis=0)
+        rho = np.nanmean([base["u_drop"][c].mean(-1) / base["u_total"][c].mean(-1) for c in base["u_drop"]], axis=0)
     at_rank = table[table.lead_hours == rank_hours].set_index(["stream", "component"])
     changes = {s: {c: [round(float(at_rank.loc[(s, c), k]), 4) for k in ("change", "lower", "upper")]
                    for c in COMPONENTS} for s in streams}

@@ -142,7 +142,8 @@ class EncoderStage(Stage):
     def ensemble(self, cfg, model, batch, generator):
         keep = None
         if model.training and cfg.stochastic.deny_prob > 0:
-            keep = random_keep(batch["static"].shape[0], len(model.encoder.streams), cfg.stochastic.deny_prob,
+            streams = getattr(model, "module", model).encoder.streams  # DDP wraps the model
+            keep = random_keep(batch["static"].shape[0], len(streams), cfg.stochastic.deny_prob,
                                generator, batch["static"].device)
         return split_members(model(obs_of(batch), batch["static"], members=cfg.stochastic.members,
                                    noise_generator=generator, keep=keep), cfg.stochastic.members)
