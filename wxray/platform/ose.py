@@ -29,13 +29,13 @@ import pandas as pd
 import xarray as xr
 
 from wxray.config import NonNegInt, PosInt, Probability
-from wxray.errors import ConfigError
+from wxray.errors import ConfigError, DataError
 from wxray.io import atomic_path
 from wxray.job import JobContext, say
 from wxray.platform.ensemble import EnsembleConfig, build_models, run_members
 from wxray.platform.ensemble_report import channels
 from wxray.platform.rollout import INIT, LEAD
-from wxray.verify.inference import block_bootstrap, correlation_length
+from wxray.verify.inference import MIN_SERIES_LENGTH, block_bootstrap, correlation_length
 from wxray.verify.spatial import spatial_mean
 from wxray.verify.variance import split_members, split_moments
 
@@ -91,9 +91,14 @@ def relative_change(base: dict[str, np.ndarray], denied: dict[str, np.ndarray], 
 
     finite = [s for s in (*b.reshape(-1, b.shape[-1]), *d.reshape(-1, d.shape[-1])) if np.ptp(s) > 0]
     length = max([int(np.max(correlation_length(s))) for s in finite] or [1])
+    n = b.shape[-1]
+    if 2 * length > n:  # blocks nearly as long as the series: every resample a rotation, intervals too narrow
+        say(f"OSE intervals: correlation length {length} of {n} inits; blocks cut to {max(1, n // 2)} (more "
+            "inits give wider-spaced, more trustworthy intervals)")
+        length = max(1, n // 2)
     with warnings.catch_warnings():  # U_drop is 0 at the analysis: a 0/0 change there is NaN, not an error
         warnings.simplefilter("ignore", RuntimeWarning)
-        iv = block_bootstrap([b, d], stat, block_length=min(length, b.shape[-1]), n_resamples=n_resamples,
+        iv = block_bootstrap([b, d], stat, block_length=length, n_resamples=n_resamples,
                              confidence=confidence, seed=seed)
     return np.asarray(iv.estimate), np.asarray(iv.lower), np.asarray(iv.upper)
 
@@ -155,6 +160,8 @@ def ose(cfg: OSEConfig, ctx: JobContext) -> dict[str, Any]:
     if unknown:
         raise ConfigError(f"deny names {', '.join(unknown)}: not a stream the encoder reads ({', '.join(names)})")
     streams = list(cfg.deny) or names
+    if len(anchors) < MIN_SERIES_LENGTH:
+        raise DataError(f"inits: {len(anchors)} init(s); the OSE intervals need at least {MIN_SERIES_LENGTH}")
     series, dirs = {}, {}
     for name, deny in {"baseline": (), **{s: (s,) for s in streams}}.items():
         lay = replace(layout, plan=replace(layout.plan, deny=deny), attrs={**layout.attrs, "deny": ",".join(deny)})
