@@ -80,6 +80,23 @@ def _run(setup, plan, out, actors=1, kill=False, write=None):
     return store.finish()
 
 
+def _interrupted(setup, plan, out, after: int) -> list[tuple[int, int]]:
+    """A two-actor run into `out` whose writer fails after `after` units: the units it wrote."""
+    store = EnsembleStore(out, _layout(setup, plan))
+    store.open()
+    calls = []
+
+    def failing(a, i, unit):
+        if len(calls) == after:
+            raise RuntimeError("interrupted")
+        calls.append((a, i))
+        store.write(a, i, unit)
+
+    with pytest.raises(RuntimeError, match="interrupted"):
+        _run(setup, plan, out, actors=2, write=failing)
+    return calls
+
+
 def _unit_members(setup, plan, models, i=None):
     """Members (encoder_draw, lead, N, R, V, h, w) of init 0 computed in this process, unit by unit."""
     _, data, *_, anchors, times = setup
@@ -107,18 +124,7 @@ def test_actors_kill_and_resume_give_the_same_members_and_moments_the_same_split
 
     # a run that fails after three units keeps them; the re-run computes only the other three
     layout = _layout(setup, plan)
-    store = EnsembleStore(tmp_path / "resumed", layout)
-    store.open()
-    calls = []
-
-    def failing(a, i, unit):
-        if len(calls) == 3:
-            raise RuntimeError("interrupted")
-        calls.append((a, i))
-        store.write(a, i, unit)
-
-    with pytest.raises(RuntimeError, match="interrupted"):
-        _run(setup, plan, tmp_path / "resumed", actors=2, write=failing)
+    calls = _interrupted(setup, plan, tmp_path / "resumed", after=3)
     assert (tmp_path / "resumed" / DONE).exists() and not (tmp_path / "resumed" / "forecast.zarr").exists()
     written = []
     store2 = EnsembleStore(tmp_path / "resumed", layout)
@@ -136,18 +142,7 @@ def test_actors_kill_and_resume_give_the_same_members_and_moments_the_same_split
     # streamed moments, interrupted after four units and resumed: only whole inits count as written (a unit is
     # never merged twice), and the split equals the stored members'
     mplan = Plan(**{**plan.__dict__, "keep_members": False})
-    mstore = EnsembleStore(tmp_path / "moments", _layout(setup, mplan))
-    mstore.open()
-    seen = []
-
-    def stop_after_four(a, i, unit):
-        if len(seen) == 4:
-            raise RuntimeError("interrupted")
-        seen.append((a, i))
-        mstore.write(a, i, unit)
-
-    with pytest.raises(RuntimeError, match="interrupted"):
-        _run(setup, mplan, tmp_path / "moments", actors=2, write=stop_after_four)
+    _interrupted(setup, mplan, tmp_path / "moments", after=4)
     kept = EnsembleStore(tmp_path / "moments", _layout(setup, mplan)).open()
     assert kept == {(a, k) for a, _ in kept for k in range(3)} and len(kept) < 6
     moments = _run(setup, mplan, tmp_path / "moments", actors=2)
