@@ -28,7 +28,7 @@ import numpy as np
 import xarray as xr
 
 from wxray.config import InPath, NonNegFloat, NonNegInt, PosInt, Range, Seed
-from wxray.data.schema import TIME, open_store
+from wxray.data.schema import TIME, open_store, time_step
 from wxray.errors import ConfigError
 from wxray.job import JobConfig, JobContext, say
 from wxray.platform.e2e_data import E2EReader
@@ -108,7 +108,7 @@ def build_models(cfg: EnsembleConfig) -> tuple[UnitModels, Layout, np.ndarray, A
                         StationSet.of(data, stations) if stations is not None else None)
     plan = Plan(m.M, m.N, m.R, cfg.lead_steps, cfg.seed, tuple(cfg.deny), p, cfg.keep_members)
     ds = open_store(data.spec.store)
-    step = np.timedelta64(int(data.spec.lead_steps * _step_seconds(ds)), "s")
+    step = time_step(ds) * data.spec.lead_steps
     used = {**used, **found}
     layout = Layout(plan, data.spec, ds[TIME].values[anchors], step,
                     attrs={"source": "wxray batch ensemble", "checkpoint": str(cfg.checkpoint),
@@ -118,12 +118,6 @@ def build_models(cfg: EnsembleConfig) -> tuple[UnitModels, Layout, np.ndarray, A
                     stations=stations, station_variables=list(data.station_variables),
                     units={v: str(ds[v].attrs.get("units", "")) for v in ds.data_vars})
     return models, layout, anchors, data, used
-
-
-def _step_seconds(ds) -> float:
-    from wxray.data.schema import time_step
-
-    return time_step(ds) / np.timedelta64(1, "s")
 
 
 def run_members(cfg: EnsembleConfig, ctx: JobContext, models: UnitModels, layout: Layout, anchors: np.ndarray,

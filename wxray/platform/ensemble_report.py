@@ -106,17 +106,21 @@ def plot_curves(curves: xr.Dataset, folder: Path) -> Path:
     return path
 
 
+def load_split(layout: Layout, paths: dict[str, Path]) -> tuple[xr.Dataset | None, dict[str, xr.Dataset]]:
+    """The finished field store (members, or None for moments) and its per-variable variance split."""
+    p = layout.plan
+    ds = xr.open_zarr(paths["fields"]).load()
+    if p.keep_members:
+        return ds, split_members(ds)
+    return None, split_moments(ds, p.members_n, p.members_r)
+
+
 def analyse(layout: Layout, paths: dict[str, Path], truth_fn, scored_inits: np.ndarray, out_dir: Path, tracker,
             plots: bool) -> dict[str, Any]:
     """Split, maps, curves and scores of the finished stores; files in `out_dir`; metrics to `tracker`."""
     p = layout.plan
     k = p.members_m * p.members_n * p.members_r
-    forecast = None
-    if p.keep_members:
-        forecast = xr.open_zarr(paths["fields"]).load()
-        parts = split_members(forecast)
-    else:
-        parts = split_moments(xr.open_zarr(paths["fields"]).load(), p.members_n, p.members_r)
+    forecast, parts = load_split(layout, paths)
     maps = variance_maps(parts)
     with atomic_path(out_dir / "variance_maps.zarr") as tmp:
         maps.to_zarr(tmp, zarr_format=2, consolidated=True)

@@ -111,7 +111,7 @@ def _field_template(layout: Layout, moments: bool) -> xr.Dataset:
         sizes = [len(c[d]) for d in layout.member_dims]
         lead_dims = (INIT, LEAD, *layout.member_dims)
         lead_shape, lead_chunks = (n_init, n_lead, *sizes), (1, n_lead, 1, *sizes[1:])
-        coords = {k: v for k, v in c.items()}
+        coords = dict(c)
     data = {}
     dtype = np.float64 if moments else np.float32
     for var, _, levels in layout.channel_groups():

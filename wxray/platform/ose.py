@@ -26,18 +26,16 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-import xarray as xr
 
 from wxray.config import NonNegInt, PosInt, Probability
 from wxray.errors import ConfigError, DataError
 from wxray.io import atomic_path
 from wxray.job import JobContext, say
 from wxray.platform.ensemble import EnsembleConfig, build_models, run_members
-from wxray.platform.ensemble_report import channels
+from wxray.platform.ensemble_report import channels, load_split
 from wxray.platform.rollout import INIT, LEAD
 from wxray.verify.inference import MIN_SERIES_LENGTH, block_bootstrap, correlation_length
 from wxray.verify.spatial import spatial_mean
-from wxray.verify.variance import split_members, split_moments
 
 COMPONENTS = ("u_enc", "u_drop")
 
@@ -63,9 +61,7 @@ class OSEConfig(EnsembleConfig):
 
 def domain_series(paths: dict, layout) -> dict[str, dict[str, np.ndarray]]:
     """{component: {channel: (lead, init) domain means}} of one run's finished stores."""
-    p = layout.plan
-    ds = xr.open_zarr(paths["fields"]).load()
-    parts = split_members(ds) if p.keep_members else split_moments(ds, p.members_n, p.members_r)
+    _, parts = load_split(layout, paths)
     out: dict[str, dict[str, np.ndarray]] = {c: {} for c in (*COMPONENTS, "u_total")}
     for var, part in parts.items():
         for c in out:

@@ -30,9 +30,9 @@ from wxray.verify.anova import (
     nested_anova3,
 )
 from wxray.verify.ensemble import crps_fair, spread_skill_from_means
+from wxray.verify.forecasts import INIT
 from wxray.verify.spatial import spatial_mean
 
-INIT = "init_time"
 COMPONENT = "component"
 BRANCHES = {"u_enc": "enc", "u_drop": "drop", "u_route": "route"}
 
@@ -87,7 +87,7 @@ def scores(parts: dict[str, xr.Dataset], truth: xr.Dataset, n_members: int,
     """Per variable and lead (and level), over the inits `truth` covers: ensemble-mean RMSE, spread-skill in
     total and per branch, and the fair CRPS when the members (`forecast`) are given.
 
-    `truth` is on the forecast's (init_time, lead_time) grid (verify.forecasts.truth_for_forecast)."""
+    `truth` is on the forecast's (init_time, lead_time) grid (`verify.forecasts.truth_at` per lead)."""
     out = {}
     for var, p in parts.items():
         if var not in truth:
