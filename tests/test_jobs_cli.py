@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.mark.parametrize("argv, needle", [
     (["model.keep_ratio=2"], "error: config key 'model.keep_ratio' must be in (0, 1], got 2.0"),
     (["model.depht=4"], "error: unknown config key 'model.depht'"),
-    (["scaling.num_workers=two"], "error: config key 'scaling.num_workers' expects int, got 'two'"),
+    (["scaling.num_workers=two"], "error: config key 'scaling.num_workers' expects int or [int, int], got 'two'"),
 ])
 def test_train_job_rejects_bad_config_in_one_line(tmp_path, argv, needle):
     out = tmp_path / "run"

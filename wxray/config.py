@@ -92,6 +92,8 @@ def type_name(tp: Any) -> str:
         arms = [a for a in get_args(tp) if a is not type(None)]
         text = " or ".join(type_name(a).removeprefix("one of ") for a in arms)
         return text + (" or null" if len(arms) < len(get_args(tp)) else "")
+    if origin is tuple and get_args(tp) and get_args(tp)[-1] is not Ellipsis:  # fixed length: [min, max]
+        return "[" + ", ".join(type_name(a) for a in get_args(tp)) + "]"
     if origin in (list, tuple):
         args = [a for a in get_args(tp) if a is not Ellipsis]
         return f"list of {type_name(args[0])}" if args else "list"

@@ -25,7 +25,9 @@ Vendor = Literal["nvidia", "amd", "any"]
 
 @dataclass
 class ScalingCfg:
-    num_workers: PosInt = 1  # Ray Train workers (one process group; FSDP2 shards across them)
+    # Ray Train workers (one process group; FSDP2 shards across them). [min, max]: elastic, the run starts once
+    # min fit and resizes (from its latest checkpoint) as workers are lost or free up; needs train.max_failures.
+    num_workers: PosInt | tuple[PosInt, PosInt] = 1
     use_gpu: bool = False  # scaling.gpus_per_worker GPUs per worker (NVIDIA or AMD ROCm)
     cpus_per_worker: PosFloat = 1.0  # CPUs reserved per worker (also its torch threads on CPU)
     accelerator_type: str = ""  # e.g. "H100", "A100", "AMD-Instinct-MI250X"; "" = any
@@ -34,8 +36,30 @@ class ScalingCfg:
     # label or the nvidia/amd resource (cluster.yaml, cluster/slurm).
     vendor: Vendor = "any"
     gpus_per_worker: PosInt = 1  # GPUs reserved per worker (the loop trains on the first)
+    resize_interval_s: PosFloat = 60.0  # elastic runs: how often a healthy run looks for room to grow
+
+    @property
+    def elastic(self) -> bool:
+        return isinstance(self.num_workers, (tuple, list))
+
+    @property
+    def min_workers(self) -> int:
+        return int(self.num_workers[0]) if self.elastic else int(self.num_workers)
+
+    @property
+    def max_workers(self) -> int:
+        return int(self.num_workers[1]) if self.elastic else int(self.num_workers)
+
+    def describe(self) -> str:
+        return f"{self.min_workers}-{self.max_workers} workers (elastic)" if self.elastic else \
+            f"{self.num_workers} worker(s)"
 
     def validate(self) -> None:
+        if self.elastic:
+            self.num_workers = tuple(self.num_workers)
+            if self.min_workers > self.max_workers:
+                raise ConfigError(f"scaling.num_workers={list(self.num_workers)}: expected [min, max] with "
+                                  f"min <= max")
         if not self.use_gpu:
             for key, default in (("accelerator_type", ""), ("vendor", "any"), ("gpus_per_worker", 1)):
                 if getattr(self, key) != default:
@@ -114,6 +138,9 @@ def ray_scaling_config(cfg: ScalingCfg):
 
     kwargs: dict = {"num_workers": cfg.num_workers, "use_gpu": cfg.use_gpu,
                     "resources_per_worker": {"CPU": cfg.cpus_per_worker}}
+    if cfg.elastic:
+        kwargs.update(num_workers=(cfg.min_workers, cfg.max_workers),
+                      elastic_resize_monitor_interval_s=cfg.resize_interval_s)
     if cfg.use_gpu:
         kwargs["resources_per_worker"]["GPU"] = cfg.gpus_per_worker
         if cfg.accelerator_type:
@@ -149,10 +176,10 @@ def check_cluster_fits(cfg: ScalingCfg, reserve_cpus: float = 0.0):
     from wxray.platform import placement
 
     total = ray.cluster_resources()
-    need_cpu = cfg.num_workers * cfg.cpus_per_worker + reserve_cpus
+    need_cpu = cfg.min_workers * cfg.cpus_per_worker + reserve_cpus  # an elastic run starts at its minimum
     if total.get("CPU", 0) < need_cpu:
         raise ConfigError(
-            f"scaling.num_workers={cfg.num_workers} x scaling.cpus_per_worker={cfg.cpus_per_worker} "
+            f"scaling.num_workers={cfg.min_workers} x scaling.cpus_per_worker={cfg.cpus_per_worker} "
             f"(+{reserve_cpus} for data reads) needs {need_cpu:g} CPUs; the Ray cluster has {total.get('CPU', 0):g}")
     if not cfg.use_gpu:
         return placement.Placement()
@@ -310,16 +337,17 @@ def bf16_supported(device: torch.device, props: Any = None, hip: bool | None = N
 
 
 def sdpa_backends(device: torch.device, props: Any = None, hip: bool | None = None,
-                  flash_built: bool | None = None) -> list:
+                  flash_built: bool | None = None) -> list | None:
     """Scaled-dot-product-attention kernels for `device`, best first, for
     `torch.nn.attention.sdpa_kernel(backends, set_priority=True)` (torch falls back along the list when a
     kernel cannot take the inputs, e.g. flash with fp32): flash on NVIDIA sm80+; on AMD the AOTriton
-    flash / memory-efficient kernels on `ROCM_FLASH_ARCHS`; memory-efficient on older NVIDIA; math elsewhere.
+    flash / memory-efficient kernels on `ROCM_FLASH_ARCHS`; memory-efficient on older NVIDIA; math on other
+    GPUs. None off GPUs: torch's own choice (its CPU flash kernel) is the best there.
     `flash_built`: whether this torch has the flash kernels (default: asks torch)."""
     from torch.nn.attention import SDPBackend
 
     if device.type != "cuda":
-        return [SDPBackend.MATH]
+        return None
     props, hip = _gpu(device, props, hip)
     flash = torch.backends.cuda.is_flash_attention_available() if flash_built is None else flash_built
     fast = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
@@ -333,13 +361,21 @@ def sdpa_context(device: torch.device):
     """`with sdpa_context(device):` runs scaled_dot_product_attention on `sdpa_backends(device)`."""
     from torch.nn.attention import sdpa_kernel
 
-    return sdpa_kernel(sdpa_backends(device), set_priority=True)
+    backends = sdpa_backends(device)
+    return contextlib.nullcontext() if backends is None else sdpa_kernel(backends, set_priority=True)
 
 
 def autocast(device: torch.device, dtype: torch.dtype | None):
     if dtype is None:
         return contextlib.nullcontext()
     return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+@contextlib.contextmanager
+def compute(device: torch.device, dtype: torch.dtype | None) -> Iterator[None]:
+    """How the training loops run forwards: autocast to `dtype` on the device's best attention kernels."""
+    with autocast(device, dtype), sdpa_context(device):
+        yield
 
 
 class SavedActivationMeter:

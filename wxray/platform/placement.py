@@ -141,7 +141,7 @@ def describe(nodes: list[Node]) -> str:
 
 
 def _fit(cfg: ScalingCfg, what: str, nodes: list[Node]) -> None:
-    n, gpw, cpw = cfg.num_workers, cfg.gpus_per_worker, cfg.cpus_per_worker
+    n, gpw, cpw = cfg.min_workers, cfg.gpus_per_worker, cfg.cpus_per_worker
     biggest = max((x.gpus for x in nodes), default=0.0)
     if gpw > biggest:
         raise ConfigError(f"scaling.gpus_per_worker={gpw}: no {what}GPU node has that many (the largest has "
@@ -176,7 +176,7 @@ def resolve(cfg: ScalingCfg, nodes: list[Node]) -> Placement:
     """
     if not cfg.use_gpu:
         return Placement()
-    n, gpw = cfg.num_workers, cfg.gpus_per_worker
+    n, gpw = cfg.min_workers, cfg.gpus_per_worker
     gpu_nodes = [x for x in nodes if x.gpus > 0]
     have = sum(x.gpus for x in gpu_nodes)
     if have < n * gpw:

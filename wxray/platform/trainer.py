@@ -148,7 +148,7 @@ def train_sparse(cfg: TrainSparseConfig, ctx: JobContext, callbacks: list | None
     counts = data.counts()
     ctx.tracker.log_params({"n_parameters": n_params, **{f"windows.{k}": v for k, v in counts.items()}})
     say(f"{cfg.model.name} r={cfg.model.keep_ratio:g}, {n_params / 1e6:.2f}M parameters, windows {counts}, "
-        f"grid {data.spec.grid[0]}x{data.spec.grid[1]}, {cfg.scaling.num_workers} worker(s); run directory "
+        f"grid {data.spec.grid[0]}x{data.spec.grid[1]}, {cfg.scaling.describe()}; run directory "
         f"{ctx.out_dir}")
     ctx.keep_on_failure = True  # checkpoints written from here on are what a re-run resumes from
     with ProgressPrinter() as progress:

@@ -104,15 +104,20 @@ def sample_schedule(cfg, n_train: int, world: int) -> tuple[int, int, float]:
     """(total, warmup, peak LR) of the LR schedule, counted in windows seen by all workers together.
 
     On windows, not steps: shard sizes, and so step counts, vary with Ray's block assignment, the number of
-    windows per epoch does not. `cfg` has `train`, `optim` and `data.batch_size` (every training job's config).
+    windows per epoch does not. Step counts in the config (warmup_steps, max_steps_per_epoch) convert to
+    windows at the configured world size (an elastic run's maximum), so a run resized from a checkpoint
+    keeps the same schedule and continues it at the windows it had seen. The peak LR follows the global batch
+    of the workers running now (the paper: 5e-4 x accelerators^0.8). `cfg` has `train`, `optim` and
+    `data.batch_size` (every training job's config), and `scaling` when it trains on Ray.
     """
+    nominal = cfg.scaling.max_workers if hasattr(cfg, "scaling") else world
     per_epoch = n_train
     if cfg.train.max_steps_per_epoch:
-        per_epoch = min(per_epoch, cfg.train.max_steps_per_epoch * world * cfg.data.batch_size)
+        per_epoch = min(per_epoch, cfg.train.max_steps_per_epoch * nominal * cfg.data.batch_size)
     total = cfg.train.epochs * max(1, per_epoch)
     warmup = (round(cfg.optim.warmup_epochs * max(1, per_epoch)) if cfg.optim.warmup_epochs
-              else cfg.optim.warmup_steps * world * cfg.data.batch_size)
-    return total, warmup, cfg.optim.lr * world ** cfg.optim.lr_scaling  # the paper: 5e-4 x (accelerators)^0.8
+              else cfg.optim.warmup_steps * nominal * cfg.data.batch_size)
+    return total, warmup, cfg.optim.lr * world ** cfg.optim.lr_scaling
 
 
 def epoch_batches(shard, cfg, device, epoch: int):
@@ -197,7 +202,7 @@ def validate(model, batches, spec: WindowSpec, lat_w: torch.Tensor, device, worl
         for batch, w, _ in lockstep_batches(batches, dummy, device, world):
             w = float(w > 0)  # sums over real windows only
             x, y = batch["x"], batch["y"]
-            with acc.autocast(device, dtype):
+            with acc.compute(device, dtype):
                 pred = forecaster(x, generator=gen).float() if score else None
                 if model_cfg.generative:
                     loss = training_loss(model, model_cfg, spec, batch, lat_w, None, loss_gen)[0]
@@ -293,7 +298,7 @@ def train_fn_per_worker(config: dict[str, Any]) -> None:
             t0 = time.perf_counter()
             measure = step % cfg.train.log_every == 0
             meter = acc.SavedActivationMeter(meter_exclude)
-            with acc.autocast(device, dtype), (meter.measure() if measure else contextlib.nullcontext()):
+            with acc.compute(device, dtype), (meter.measure() if measure else contextlib.nullcontext()):
                 loss, aux = training_loss(model, cfg.model, spec, batch, lat_w, var_w, gen)
                 loss = loss * w
             opt.zero_grad(set_to_none=True)

@@ -25,9 +25,10 @@ def _per_trial_resources(cfg) -> dict[str, float]:
     if not hasattr(cfg, "scaling"):
         return trial_resources(cfg)
     s = cfg.scaling
-    need = {"CPU": s.num_workers * s.cpus_per_worker + cfg.data.read_cpus + TRIAL_CPUS}
+    # an elastic trial may grow to its maximum: concurrent trials are planned for that
+    need = {"CPU": s.max_workers * s.cpus_per_worker + cfg.data.read_cpus + TRIAL_CPUS}
     if s.use_gpu:
-        need["GPU"] = float(s.num_workers)
+        need["GPU"] = float(s.max_workers * s.gpus_per_worker)
     return need
 
 
