@@ -230,6 +230,8 @@ def run_job(job: str, cfg_cls: type[C], main: Callable[[C, JobContext], dict[str
         for name in ("summary.json", "config.yaml", "provenance.json"):
             tracker.log_artifact(ctx.out_dir / name)
         tracker.end("FINISHED")
+        if tracker.run_url:
+            say(f"MLflow run: {tracker.run_url}")
     except WxrayError as e:
         if ctx.started:
             ctx.tracker.set_tags({"wxray.error": str(e)[:5000]})

@@ -2,6 +2,7 @@
 
     collect(seeds=...)          # git commit + dirty flag, versions, CUDA/ROCm, devices, host, Ray node types
     store_fingerprint(path)     # a store's path, a hash of its zarr metadata, time range, variables, levels
+    stream_fingerprint(path)    # an observation stream's path and a hash of its metadata or file listing
     tags(prov)                  # the same, small, as MLflow tags wxray.git_commit, wxray.torch, ...
 
 Nothing here fails or waits: without git, outside a checkout (an installed copy, Ray's working-dir copy of a
@@ -184,6 +185,22 @@ def store_fingerprint(path: str | Path, ds: Any = None) -> dict[str, Any]:
     except Exception:
         pass
     return out
+
+
+def stream_fingerprint(path: str | Path) -> dict[str, Any]:
+    """An observation stream's path and a hash: of its zarr metadata (a gridded stream), or of its files'
+    names and sizes (a Parquet dataset: a changed or added partition changes it); "unknown" when remote."""
+    root = Path(path)
+    out: dict[str, Any] = {"path": str(path)}
+    if "://" in str(path) or not root.exists():
+        return {**out, "sha256": UNKNOWN}
+    if _metadata_files(root):
+        return {**out, "metadata_sha256": metadata_hash(root)}
+    h = hashlib.sha256()
+    files = sorted(f for f in root.rglob("*") if f.is_file()) if root.is_dir() else [root]
+    for f in files:
+        h.update(f"{f.relative_to(root).as_posix() if root.is_dir() else f.name}\0{f.stat().st_size}\0".encode())
+    return {**out, "files": len(files), "listing_sha256": h.hexdigest()}
 
 
 def _nodes_text(nodes: list[dict[str, Any]]) -> str:

@@ -146,9 +146,11 @@ class Tracker:
 
         import mlflow
 
-        # Alembic migrations of a fresh sqlite store are chatty at INFO.
+        # Alembic migrations of a fresh sqlite store are chatty at INFO; MLflow's own "View run at" lines on
+        # stdout would break the console's shape (the job prints the run's address itself: `run_url`).
         for name in ("alembic", "mlflow"):
             logging.getLogger(name).setLevel(logging.WARNING)
+        os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
         if self.uri.startswith("sqlite:///"):
             Path(self.uri[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
         before = os.environ.get("MLFLOW_TRACKING_URI")
@@ -179,7 +181,15 @@ class Tracker:
                           stacklevel=2)
             run = mlflow.start_run(run_name=run_name, tags=tags or {})
         self.run_id = run.info.run_id
+        self._experiment_id = run.info.experiment_id
         self._mlflow = mlflow
+
+    @property
+    def run_url(self) -> str:
+        """The run's page on a tracking server (credentials left out); "" for a local store."""
+        if not (self.run_id and self.uri.startswith(("http://", "https://"))):
+            return ""
+        return f"{redact_uri(self.uri).rstrip('/')}/#/experiments/{self._experiment_id}/runs/{self.run_id}"
 
     def log_params(self, params: dict[str, Any]) -> dict[str, str]:
         """Log params; for a continued run, return {key: new value} of those that changed (tagged)."""

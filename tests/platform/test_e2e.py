@@ -135,6 +135,12 @@ def test_stages_forecast_and_station_scores(chain, small_obs, tmp_path):
     assert set(dec["decoder_rmse"]) == {"geopotential", "u_component_of_wind", "v_component_of_wind"}
     assert set(results["chain"]["chain"]["forecast_to_persistence"]) == {
         "geopotential", "u_component_of_wind", "v_component_of_wind", "vorticity"}
+    # provenance: the run's summary and every stage checkpoint name the store and each stream read
+    prov = json.loads((stages / "chain" / "summary.json").read_text())["provenance"]
+    assert prov["store"]["metadata_sha256"] not in ("", "unknown") and set(prov["obs_streams"]) == set(names)
+    assert all(f.get("metadata_sha256") or f.get("listing_sha256") for f in prov["obs_streams"].values())
+    meta = json.loads(next((stages / "chain" / "ray").rglob("meta.json")).read_text())
+    assert meta["provenance"]["store"] == prov["store"] and meta["provenance"]["git"] == prov["git"]
 
     out = tmp_path / "fc"
     res = _run("forecast_e2e", ForecastE2EConfig, forecast_e2e,

@@ -1,9 +1,11 @@
-"""`ray job submit` against a separate `ray start --head`, as the README documents it."""
+"""`ray job submit` against a separate `ray start --head` and a real MLflow server, as the README documents it
+("Run on a cluster"): the job logs over HTTP, and the run is checked through the MLflow client."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -23,14 +25,42 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _wait_for(url: str, proc: subprocess.Popen, what: str, seconds: int = 90) -> None:
+    import urllib.request
+
+    for _ in range(seconds * 2):
+        try:
+            urllib.request.urlopen(url, timeout=2)
+            return
+        except OSError:
+            assert proc.poll() is None, f"{what} exited with {proc.returncode}"
+            time.sleep(0.5)
+    raise AssertionError(f"{what} did not answer at {url}")
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    os.killpg(proc.pid, signal.SIGTERM)  # the server's workers too
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
 @pytest.mark.slow
-def test_train_job_runs_under_ray_job_submit(tmp_path):
+def test_train_job_runs_under_ray_job_submit_and_logs_to_an_mlflow_server(tmp_path):
     bin_dir = Path(sys.executable).parent
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ.get('PATH', '')}", "RAY_AUTH_MODE": "token"}
     env.pop("RAY_ADDRESS", None)
+    env.pop("MLFLOW_TRACKING_URI", None)
     store = tmp_path / "store.zarr"
     write_tiny_store(store, n_traj=2, steps=12, grid=(8, 16), levels=(500,))
-    gcs, dash, agent = _free_port(), _free_port(), _free_port()
+    gcs, dash, agent, mlflow_port = _free_port(), _free_port(), _free_port(), _free_port()
+    # the server as `make mlflow-server` starts it: loopback, a sqlite backend, artifacts served over HTTP
+    server = subprocess.Popen([str(bin_dir / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(mlflow_port),
+                               "--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}", "--serve-artifacts",
+                               "--artifacts-destination", str(tmp_path / "server-artifacts"), "--workers", "1"],
+                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    tracking = f"http://127.0.0.1:{mlflow_port}"
     # --block: the head's processes die with this one, so the test never needs `ray stop` (which would
     # also stop the test session's own cluster). Its own agent port: the session cluster holds the default.
     head = subprocess.Popen([str(bin_dir / "ray"), "start", "--head", "--block", f"--port={gcs}",
@@ -47,7 +77,8 @@ def test_train_job_runs_under_ray_job_submit(tmp_path):
                 break
             time.sleep(1)
         home = tmp_path / "project"  # the user's folder: the README recipe passes it as WXRAY_HOME
-        runtime_env = json.dumps({"env_vars": {"WXRAY_HOME": str(home)}})
+        _wait_for(f"{tracking}/health", server, "mlflow server")
+        runtime_env = json.dumps({"env_vars": {"WXRAY_HOME": str(home), "MLFLOW_TRACKING_URI": tracking}})
         argv = [str(bin_dir / "ray"), "job", "submit", "--address", address, "--working-dir", str(ROOT),
                 "--runtime-env-json", runtime_env, "--",
                 "python", "jobs/train_sparse.py", f"data.store={store}",
@@ -59,6 +90,13 @@ def test_train_job_runs_under_ray_job_submit(tmp_path):
                 break
             time.sleep(2)
         assert job.returncode == 0, job.stdout[-2000:] + job.stderr[-2000:]
+        # The console: Ray's job framing, then the job's own lines only (progress, the run's address, RESULT)
+        log = job.stdout.split("Running entrypoint for job", 1)[1].split("\n", 1)[1]
+        log = log[:log.index("SUCC cli.py")].rsplit("\n", 1)[0]
+        lines = [ln.strip() for ln in log.replace("\r", "\n").splitlines() if ln.strip()]
+        assert all(ln.startswith(("wxray: ", "RESULT {", "rollout")) for ln in lines), lines
+        assert sum(ln.startswith("wxray: epoch ") for ln in lines) == 1 and len(lines) < 40, lines
+        assert any(ln.startswith(f"wxray: MLflow run: {tracking}/#/experiments/") for ln in lines), lines
         results = [line[line.index("RESULT "):] for line in job.stdout.splitlines() if "RESULT {" in line]
         assert results, job.stdout[-2000:]
         result = json.loads(results[-1][len("RESULT "):])
@@ -66,12 +104,24 @@ def test_train_job_runs_under_ray_job_submit(tmp_path):
         assert result["out_dir"] == str(out) and Path(result["checkpoint"]).is_relative_to(out)
         summary = json.loads((out / "summary.json").read_text())
         assert summary["epochs"] == 1 and summary["mlflow_run_id"] == result["mlflow_run_id"]
-        assert result["mlflow_uri"] == f"sqlite:///{home / 'runs' / 'mlflow.db'}"
+        assert result["mlflow_uri"] == tracking and "tracking_fallback" not in result
         import mlflow
 
-        run = mlflow.tracking.MlflowClient(result["mlflow_uri"]).get_run(result["mlflow_run_id"])
-        assert run.info.status == "FINISHED"  # visible to `make mlflow-ui` (WXRAY_HOME/runs/mlflow.db)
+        client = mlflow.tracking.MlflowClient(tracking)
+        run = client.get_run(result["mlflow_run_id"])
+        assert run.info.status == "FINISHED"
+        assert run.data.params["model.embed_dim"] == "32" and run.data.params["train.epochs"] == "1"
+        assert run.data.tags["wxray.git_commit"] == summary["provenance"]["git"]["commit"]
+        assert len(client.get_metric_history(run.info.run_id, "val/loss")) == 1  # one epoch
+        assert run.data.metrics["val/loss"] == pytest.approx(result["val_loss"])
+        names = {a.path for a in client.list_artifacts(run.info.run_id)}
+        assert {"summary.json", "config.yaml", "provenance.json"} <= names, names
+        got = json.loads(Path(client.download_artifacts(run.info.run_id, "summary.json",
+                                                        str(tmp_path / "got"))).read_text())
+        assert got["mlflow_run_id"] == result["mlflow_run_id"]
+        assert not (home / "runs" / "mlflow.db").exists()  # over HTTP, never a local sqlite file
     finally:
+        _stop(server)
         head.terminate()
         try:
             head.wait(timeout=60)

@@ -25,6 +25,7 @@ from wxray.platform.reporting import ProgressPrinter
 from wxray.platform.train_config import TrainSparseConfig
 from wxray.platform.trainer import _figures, _training_error, train_sparse
 from wxray.platform.trainer_loop import model_identity
+from wxray.provenance import store_fingerprint, stream_fingerprint
 
 
 def stage_checkpoint(cfg: TrainE2EConfig, stage: str, needed_by: str) -> Path:
@@ -115,6 +116,9 @@ def fit_stage(cfg, data: E2EData, ctx: JobContext, identity: dict, init: dict[st
     example = E2EReader(data.spec, data.obs)({"anchor": data.windows.anchors["train"][:1]})
     acc.ensure_ray(cfg.ray_address, timeout_s=cfg.ray_timeout_s)
     acc.check_cluster_fits(cfg.scaling, reserve_cpus=cfg.data.read_cpus)
+    ctx.provenance["store"] = store_fingerprint(data.spec.store)
+    ctx.provenance["obs_streams"] = {s.name: stream_fingerprint(Path(data.obs.obs_dir) / s.path)
+                                     for s in data.obs.streams}
     ctx.start()
     if last is not None:
         say(f"resuming from {last}")
@@ -147,7 +151,7 @@ def _make_trainer(cfg, data: E2EData, out_dir: Path, identity, init, example, ct
     loop_config = {"cfg": to_dict(cfg), "data": data, "n_train": len(data.windows.anchors["train"]),
                    "has_val": "val" in datasets, "identity": identity, "init": init, "example": example,
                    "tracking_uri": ctx.tracker.uri, "mlflow_run_id": ctx.tracker.run_id or "", "progress": progress,
-                   "stage": stage, "cfg_cls": type(cfg), "label": label}
+                   "stage": stage, "cfg_cls": type(cfg), "label": label, "provenance": ctx.provenance}
     return TorchTrainer(
         train_fn_per_worker, train_loop_config=loop_config, scaling_config=acc.ray_scaling_config(cfg.scaling),
         torch_config=acc.torch_config(cfg.scaling),  # GPU runs that may land on AMD: the ROCm device fix

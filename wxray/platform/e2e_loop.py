@@ -80,7 +80,7 @@ def validate(cfg: TrainE2EConfig, model, batches, data: E2EData, lat_w, device, 
     gen = torch.Generator().manual_seed(cfg.train.seed + 7919)
     for batch, w, _ in lockstep_batches(batches, dummy, device, world):
         w = float(w > 0)
-        with acc.autocast(device, dtype):
+        with acc.compute(device, dtype):
             loss = stage_loss(cfg, model, batch, data, lat_w, generator=gen)
             if cfg.stage == "decoder":
                 pred, values, mask = decode_stations(model, batch, data)
@@ -169,7 +169,7 @@ def train_fn_per_worker(config: dict[str, Any]) -> None:
             if cfg.train.max_steps_per_epoch and i >= cfg.train.max_steps_per_epoch:
                 break
             t0 = time.perf_counter()
-            with acc.autocast(device, dtype):
+            with acc.compute(device, dtype):
                 loss = stage.loss(cfg, model, batch, data, lat_w, generator=gen) * w
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -201,4 +201,5 @@ def train_fn_per_worker(config: dict[str, Any]) -> None:
                          f"train loss {metrics['train/epoch_loss']:.4f}{val}")
         report_epoch(reporter, model, opt, metrics, rank, cfg, epoch, step, seen,
                      {"model": config["identity"], "data": {**config["cfg"]["data"], "store": data.spec.store},
-                      checkpoints.NORMALISATION: checkpoints.normalisation_meta(data.spec)})
+                      checkpoints.NORMALISATION: checkpoints.normalisation_meta(data.spec),
+                      checkpoints.PROVENANCE: config.get("provenance") or {}})
