@@ -1,8 +1,9 @@
-"""Elastic training: `scaling.num_workers=[2, 3]` on a local cluster that loses a worker node mid-run.
+"""Elastic training: `scaling.num_workers=[1, 2]` on a local cluster that loses a worker node mid-run.
 
-The run starts with three FSDP2 workers (one per worker node), loses a node after its second checkpoint, and
-continues from its newest checkpoint with two workers (the full state dict sharded again at the new size) until
-the last epoch, learning all the while. It is also the test of a worker lost mid-run.
+The run starts with two FSDP2 workers (one per worker node), loses a node after its second checkpoint, and
+continues from its newest checkpoint with one worker until the last epoch, learning all the while. It is also
+the test of a worker lost mid-run. (A checkpoint sharded again over more workers: the resume test in
+test_trainer.py.)
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ write_tiny_store(store, n_traj=4, steps=20, grid=(8, 16), levels=(500,))
 cluster = Cluster(initialize_head=True, head_node_args={
     "num_cpus": 1, "include_dashboard": False,
     "_system_config": {"health_check_period_ms": 500, "health_check_failure_threshold": 2}})
-nodes = [cluster.add_node(num_cpus=2) for _ in range(3)]
+nodes = [cluster.add_node(num_cpus=2) for _ in range(2)]
 cluster.wait_for_nodes()
 out, timings = tmp / "run", {"startup_s": time.monotonic() - t0}
 
@@ -47,13 +48,14 @@ def lose_a_node():
     while len(list(train.glob("checkpoint_*"))) < 2:
         time.sleep(0.2)
     timings["node_lost_s"] = time.monotonic() - t0
-    cluster.remove_node(nodes[2], allow_graceful=False)
+    cluster.remove_node(nodes[1], allow_graceful=False)
 
 threading.Thread(target=lose_a_node, daemon=True).start()
 rc = run_job("train_sparse", TrainSparseConfig, train_sparse, [
     f"data.store={store}", f"out_dir={out}", f"ray_address={cluster.address}", f"tracking.uri=sqlite:///{tmp}/m.db",
-    "scaling.num_workers=[2,3]", "scaling.cpus_per_worker=2", "data.read_cpus=0.5", "train.max_failures=2",
-    "train.epochs=4", "train.rollout_steps=0", "model.embed_dim=32", "model.depth=4", "model.split=[1,2,1]"])
+    "scaling.num_workers=[1,2]", "scaling.cpus_per_worker=2", "data.read_cpus=0.5", "train.max_failures=2",
+    "train.epochs=4", "train.rollout_steps=0", "model.embed_dim=32", "model.depth=4", "model.split=[1,2,1]",
+    "model.selection=topk_attention"])  # a score-based selection (attention received) under FSDP2 too
 timings["total_s"] = time.monotonic() - t0
 print("TIMINGS " + json.dumps({"rc": rc, **timings}), flush=True)
 ray.shutdown()
@@ -84,15 +86,15 @@ def test_elastic_run_loses_a_node_continues_smaller_and_finishes(tmp_path):
     t, res = timings[0], results[-1]
     print(f"elastic test: {time.monotonic() - start:.1f} s wall; cluster up {t['startup_s']:.1f} s, node lost at "
           f"{t['node_lost_s']:.1f} s, done {t['total_s']:.1f} s")
-    assert "2-3 workers (elastic)" in proc.stdout
+    assert "1-2 workers (elastic)" in proc.stdout
     assert res["epochs"] == 4
     db = f"sqlite:///{tmp_path}/m.db"
     epochs = _history(db, res["mlflow_run_id"], "epoch")
     world = _history(db, res["mlflow_run_id"], "train/world_size")
     sharded = _history(db, res["mlflow_run_id"], "train/fsdp_sharded")
-    # three FSDP2 workers first, two after the loss (the sharded checkpoint resharded), never back to three
-    assert world[0] == 3 and world[-1] == 2 and world == sorted(world, reverse=True), world
-    assert set(sharded) == {1.0}
+    # two FSDP2 workers first, one after the loss (the gathered checkpoint loaded whole), never back to two
+    assert world[0] == 2 and world[-1] == 1 and world == sorted(world, reverse=True), world
+    assert [s for s, w in zip(sharded, world) if w == 2] == [1.0] * world.count(2)
     # continued from a checkpoint, not from scratch: epoch 1 reported once; every epoch up to the last
     assert epochs.count(1) == 1 and sorted(set(epochs)) == [1, 2, 3, 4] and epochs[-1] == 4, epochs
     # exactly-once sharding at either size: every validation window scored once per epoch

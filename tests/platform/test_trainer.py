@@ -1,4 +1,6 @@
-"""jobs/train_sparse.py end to end on a local Ray cluster: FSDP2, fault tolerance, resume, bad input."""
+"""jobs/train_sparse.py end to end on a local Ray cluster: resume (at another size, FSDP2), bad input.
+
+A worker lost mid-run: test_elastic.py."""
 
 from __future__ import annotations
 
@@ -36,19 +38,26 @@ def _history(tmp_path, run_id, key):
     return [m.value for m in sorted(client.get_metric_history(run_id, key), key=lambda m: (m.step, m.timestamp))]
 
 
-# A worker lost mid-run (FSDP2, the run resumed from its newest checkpoint, still learning): test_elastic.py.
-
-
 @pytest.mark.slow
 def test_same_run_name_resumes_from_last_checkpoint(ray_session, wave_store, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)  # run_name -> runs/train_sparse/<name> under the working directory
-    rc, first, err = _run(capsys, wave_store, tmp_path, "run_name=resumable", "train.epochs=1")
+    # the learned selection: its head's BCE is computed from logits kept inside the sharded forward
+    learned = ["model.selection=learned", "model.keep_ratio=0.25", "train.log_every=1"]
+    rc, first, err = _run(capsys, wave_store, tmp_path, "run_name=resumable", "train.epochs=1", *learned)
     assert rc == 0, err
-    rc, second, err = _run(capsys, wave_store, tmp_path, "run_name=resumable", "train.epochs=2")
+    # resumed at another size: the one-worker checkpoint sharded over two FSDP2 workers
+    rc, second, err = _run(capsys, wave_store, tmp_path, "run_name=resumable", "train.epochs=2", *learned,
+                           "scaling.num_workers=2", "scaling.cpus_per_worker=0.5")
     assert rc == 0, err
     assert second["mlflow_run_id"] == first["mlflow_run_id"]  # one MLflow run for the whole training
     assert second["epochs"] == 2
     assert _history(tmp_path, second["mlflow_run_id"], "epoch") == [1, 2]
+    assert _history(tmp_path, second["mlflow_run_id"], "train/world_size") == [1, 2]
+    assert _history(tmp_path, second["mlflow_run_id"], "train/fsdp_sharded") == [0, 1]
+    client = mlflow.tracking.MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    aux = client.get_metric_history(second["mlflow_run_id"], "train/selector_loss")
+    sharded = [m.value for m in aux if m.step > first["steps"]]
+    assert sharded and all(0 < v < 2 for v in sharded), aux
     # Provenance: config.yaml, checkpoint meta and MLflow agree on what the run is now.
     out = Path(second["out_dir"])
     assert out.is_absolute() and out == tmp_path / "runs" / "train_sparse" / "resumable"
