@@ -116,3 +116,23 @@ def test_store_fingerprint_of_a_v2_store_and_of_what_cannot_be_read(tmp_path):
     assert provenance.store_fingerprint("gs://bucket/era5.zarr")["metadata_sha256"] == "unknown"
     assert provenance.store_fingerprint(tmp_path / "nope.zarr") == {"path": str(tmp_path / "nope.zarr"),
                                                                     "metadata_sha256": "unknown"}
+
+
+def test_every_input_path_of_a_config_is_fingerprinted(tmp_path):
+    from wxray.verify.evaluate import EvaluateConfig
+
+    store = tmp_path / "truth.zarr"
+    write_tiny_store(store, n_traj=1, steps=4, grid=(4, 8), levels=(500,))
+    obs = tmp_path / "points" / "stream=stations"
+    obs.mkdir(parents=True)
+    (obs / "part-0.parquet").write_bytes(b"x" * 10)
+    cfg = EvaluateConfig(forecast=str(store), truth=str(store), station_obs=str(tmp_path / "points"),
+                         stations=str(tmp_path / "missing.parquet"))
+    fp = provenance.input_fingerprints(cfg)
+    assert fp["forecast"] == fp["truth"] == provenance.store_fingerprint(store)  # a store: its metadata
+    assert fp["station_obs"]["files"] == 1 and len(fp["station_obs"]["listing_sha256"]) == 64
+    before = fp["station_obs"]["listing_sha256"]
+    (obs / "part-1.parquet").write_bytes(b"y")  # a partition added: another dataset
+    assert provenance.input_fingerprints(cfg)["station_obs"]["listing_sha256"] != before
+    assert fp["stations"] == {"path": str(tmp_path / "missing.parquet"), "sha256": "unknown"}
+    assert "out_dir" not in fp  # outputs are not inputs

@@ -3,6 +3,7 @@
     collect(seeds=...)          # git commit + dirty flag, versions, CUDA/ROCm, devices, host, Ray node types
     store_fingerprint(path)     # a store's path, a hash of its zarr metadata, time range, variables, levels
     stream_fingerprint(path)    # an observation stream's path and a hash of its metadata or file listing
+    input_fingerprints(cfg)     # the same for every input path a job's config names
     tags(prov)                  # the same, small, as MLflow tags wxray.git_commit, wxray.torch, ...
 
 Nothing here fails or waits: without git, outside a checkout (an installed copy, Ray's working-dir copy of a
@@ -196,11 +197,38 @@ def stream_fingerprint(path: str | Path) -> dict[str, Any]:
         return {**out, "sha256": UNKNOWN}
     if _metadata_files(root):
         return {**out, "metadata_sha256": metadata_hash(root)}
-    h = hashlib.sha256()
+    h, n = hashlib.sha256(), 0
     files = sorted(f for f in root.rglob("*") if f.is_file()) if root.is_dir() else [root]
     for f in files:
-        h.update(f"{f.relative_to(root).as_posix() if root.is_dir() else f.name}\0{f.stat().st_size}\0".encode())
-    return {**out, "files": len(files), "listing_sha256": h.hexdigest()}
+        try:  # a file removed while we list (a run directory being written): left out
+            size = f.stat().st_size
+        except OSError:
+            continue
+        h.update(f"{f.relative_to(root).as_posix() if root.is_dir() else f.name}\0{size}\0".encode())
+        n += 1
+    return {**out, "files": n, "listing_sha256": h.hexdigest()}
+
+
+def input_fingerprints(cfg: Any) -> dict[str, dict[str, Any]]:
+    """{config key: fingerprint} of every input path a job's config names (`config.InPath` keys that are set):
+    a zarr store by `store_fingerprint`, anything else (a checkpoint, a Parquet dataset, a folder of runs)
+    by `stream_fingerprint`; a glob or a path that is not there by its text."""
+    from wxray.config import path_keys
+
+    out = {}
+    for owner, name, key, marker in path_keys(cfg):
+        value = getattr(owner, name)
+        if marker.output or not value or value in marker.keywords:
+            continue
+        root = Path(value)
+        try:
+            if "://" not in value and root.is_dir() and _metadata_files(root):
+                out[key] = store_fingerprint(value)
+            else:
+                out[key] = stream_fingerprint(value)
+        except OSError as e:  # provenance never fails a job
+            out[key] = {"path": value, "sha256": UNKNOWN, "error": type(e).__name__}
+    return out
 
 
 def _nodes_text(nodes: list[dict[str, Any]]) -> str:

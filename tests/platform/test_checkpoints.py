@@ -46,7 +46,7 @@ def test_a_pickled_object_in_state_pt_is_refused_not_run(tmp_path):
 
 def test_every_torch_load_is_weights_only_and_nothing_unpickles():
     """Security: checkpoints are data, never code. Every torch.load of the package and the jobs passes
-    weights_only=True; nothing calls pickle.load(s)."""
+    weights_only=True; nothing calls pickle.load(s); Tuner.restore reads only the sweep's run directory."""
     import re
     from pathlib import Path
 
@@ -63,3 +63,9 @@ def test_every_torch_load_is_weights_only_and_nothing_unpickles():
                     break
             calls.append((f.name, text[m.start():end + 1]))
     assert calls and all("weights_only=True" in call for _, call in calls), calls
+    # Tune's experiment state (a pickle) is restored only from the sweep's own run directory
+    restores = [(f.name, line.strip()) for f in (root / "wxray").rglob("*.py")
+                for line in f.read_text().splitlines() if re.search(r"\.(can_)?restore\((?!\.\.\.)", line)]
+    assert restores and all(name == "sweep.py" and "str(tune_dir)" in line for name, line in restores), restores
+    sweep = (root / "wxray" / "tune" / "sweep.py").read_text()
+    assert 'tune_dir = sweep_dir / "tune"' in sweep and "sweep_dir = Path(ctx.out_dir).resolve()" in sweep
