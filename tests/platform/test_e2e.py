@@ -282,3 +282,12 @@ def test_ensemble_and_ose_jobs_on_actors(chain, tmp_path, capsys):
         err = capsys.readouterr().err.strip().splitlines()
         assert rc == 2 and len(err) == 1 and msg in err[0], err
         assert not bad.exists()
+    plain = tmp_path / "plain"  # the deterministic stages only: no stochastic encoder to draw from
+    plain.mkdir()
+    for stage in ("encoder", "processor", "decoder", "chain"):
+        (plain / stage).symlink_to(stages / stage)
+    rc = run_job("ensemble", EnsembleConfig, ensemble, [*common, f"checkpoint={plain}", INITS,
+                                                        f"out_dir={tmp_path / 'bad'}", "tracking.enabled=false"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "members.M=2" in err[0] and "no stochastic encoder" in err[0], err
+    assert not (tmp_path / "bad").exists()

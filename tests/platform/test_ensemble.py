@@ -112,14 +112,22 @@ def _anova(fields: np.ndarray, lead: int, clip=True):
     return nested_anova(da, clip=clip)
 
 
-def test_actors_kill_and_resume_give_the_same_members_and_moments_the_same_split(ray_session, setup, tmp_path):
+def test_actors_kill_and_resume_give_the_same_members_and_moments_the_same_split(ray_session, setup, tmp_path,
+                                                                                    monkeypatch):
+    from wxray.platform import ensemble_store
+
     plan = Plan(members_m=3, members_n=2, members_r=2, lead_steps=2, seed=7, dropout=0.2)
     one = _run(setup, plan, tmp_path / "one", actors=1)
     ref = xr.open_zarr(one["fields"]).load()
     assert ref.geopotential.dims[:5] == ("init_time", "lead_time", "encoder_draw", "dropout_draw", "routing_draw")
     assert int(ref.geopotential.isnull().sum()) == 0 and not (tmp_path / "one" / DONE).exists()
+    assert xr.open_zarr(one["fields"]).geopotential.encoding["chunks"][:3] == (1, 3, 1)  # a unit, all leads
 
-    killed = _run(setup, plan, tmp_path / "killed", actors=2, kill=True)
+    # chunks too big for CHUNK_BYTES (ERA5 grids) are cut along the leads; the values do not change
+    with monkeypatch.context() as m:
+        m.setattr(ensemble_store, "CHUNK_BYTES", 1)
+        killed = _run(setup, plan, tmp_path / "killed", actors=2, kill=True)
+    assert xr.open_zarr(killed["fields"]).geopotential.encoding["chunks"][:3] == (1, 1, 1)
     xr.testing.assert_identical(xr.open_zarr(killed["fields"]).load(), ref)
 
     # a run that fails after three units keeps them; the re-run computes only the other three
@@ -142,6 +150,7 @@ def test_actors_kill_and_resume_give_the_same_members_and_moments_the_same_split
     # streamed moments, interrupted after four units and resumed: only whole inits count as written (a unit is
     # never merged twice), and the split equals the stored members'
     mplan = Plan(**{**plan.__dict__, "keep_members": False})
+    monkeypatch.setattr(ensemble_store, "CHUNK_BYTES", 1)  # and a lead per chunk
     _interrupted(setup, mplan, tmp_path / "moments", after=4)
     kept = EnsembleStore(tmp_path / "moments", _layout(setup, mplan)).open()
     assert kept == {(a, k) for a, _ in kept for k in range(3)} and len(kept) < 6

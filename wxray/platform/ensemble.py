@@ -97,7 +97,8 @@ def build_models(cfg: EnsembleConfig) -> tuple[UnitModels, Layout, np.ndarray, A
     """The replica every actor holds, the output layout, the init indices, the data and the checkpoints."""
     tcfg, data, _, processor, decoder, used = load_chain(cfg.checkpoint, cfg.store, cfg.obs_dir, cfg.deny)
     m = cfg.members
-    senc, sproc, p, found = load_stochastic(Path(cfg.checkpoint), tcfg, data, m.M, m.N, cfg.dropout)
+    senc, sproc, p, found = load_stochastic(Path(cfg.checkpoint), tcfg, data, m.M, m.N, cfg.dropout,
+                                            keys=("members.M", "members.N"))
     processor = sproc or processor
     if m.R > 1 and not routing_varies(processor):
         raise ConfigError(f"members.R={m.R}: the processor's token selection does not vary with its draws "

@@ -62,11 +62,13 @@ def _part(state: dict, prefix: str) -> dict:
 
 
 def load_stochastic(stages: Path, tcfg: TrainE2EConfig, data: E2EData, members_m: int, members_n: int,
-                    dropout: float) -> tuple[StochasticEncoder, torch.nn.Module, float, dict[str, str]]:
-    """The stochastic encoder and the (MC-dropout) processor, and the dropout rate used."""
+                    dropout: float, keys: tuple[str, str] = ("members_m", "members_n")
+                    ) -> tuple[StochasticEncoder, torch.nn.Module, float, dict[str, str]]:
+    """The stochastic encoder and the (MC-dropout) processor, and the dropout rate used. `keys`: the config
+    keys of M and N, as the errors name them."""
     enc = _finetune(stages, "encoder")
     if enc is None:
-        raise CheckpointError(f"members_m={members_m}: {stages} has no stochastic encoder to draw from (run "
+        raise CheckpointError(f"{keys[0]}={members_m}: {stages} has no stochastic encoder to draw from (run "
                               "jobs/finetune_stochastic.py stage=encoder)")
     noise = enc[1].get("stochastic", {})
     senc = StochasticEncoder(build_encoder(tcfg, data), noise=noise.get("noise", "film"),
@@ -84,7 +86,7 @@ def load_stochastic(stages: Path, tcfg: TrainE2EConfig, data: E2EData, members_m
         p = max(dropout, 0.0)
         processor = None
     if members_n > 1 and p <= 0:
-        raise ConfigError(f"members_n={members_n} dropout members need dropout p > 0 (finetune the processor with "
+        raise ConfigError(f"{keys[1]}={members_n} dropout members need dropout p > 0 (finetune the processor with "
                           "jobs/finetune_stochastic.py stage=processor, or set dropout=)")
     return senc, processor, p, used
 

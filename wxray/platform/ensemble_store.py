@@ -12,10 +12,12 @@ mean, between / middle / within sums of squares) per (init, lead, point), in flo
 
 Chunks: a member store holds one chunk per unit (init t, encoder draw i) per variable -- all N x R members,
 leads and grid points of the unit -- so a unit's write replaces whole chunks (no read-modify-write) and the
-file count is inits x M x variables, not one per member. A moment store holds one chunk per init and
-variable: the driver, the only writer, merges an init's units in memory as they arrive (Chan's parallel
-update) and writes the chunk once all M are in, so its size does not grow with M x N x R and no unit is ever
-merged twice, however the run is interrupted.
+file count is inits x M x variables, not one per member. Where that would pass `CHUNK_BYTES` (ERA5 grids:
+a 0.25 degree field is 4 MB per member and lead) the leads are split into as few chunks as keep each under it;
+a unit still covers all its leads, so its writes stay whole chunks. A moment store holds one chunk per init and
+variable (leads split the same way): the driver, the only writer, merges an init's units in memory as they
+arrive (Chan's parallel update) and writes the chunk once all M are in, so its size does not grow with
+M x N x R and no unit is ever merged twice, however the run is interrupted.
 
 While a run is going the stores are `<name>.partial` beside `units_done.json` (the fingerprint of the run
 and the units written, each listed only after its chunks are); a re-run into the same directory with the same
@@ -95,8 +97,14 @@ class Layout:
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+CHUNK_BYTES = 64 * 2**20  # the largest chunk a store is given (zarr / object-store guidance: tens of MB)
+
+
 def _empty(shape: tuple[int, ...], chunks: tuple[int, ...], dtype) -> da.Array:
-    return da.full(shape, np.nan, dtype=dtype, chunks=chunks)
+    """An all-NaN template; the lead axis (1) of `chunks` is cut so that no chunk passes CHUNK_BYTES."""
+    per_lead = int(np.prod([c for k, c in enumerate(chunks) if k != 1])) * np.dtype(dtype).itemsize
+    leads = max(1, min(chunks[1], CHUNK_BYTES // max(per_lead, 1)))
+    return da.full(shape, np.nan, dtype=dtype, chunks=(chunks[0], leads, *chunks[2:]))
 
 
 def _field_template(layout: Layout, moments: bool) -> xr.Dataset:
