@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import subprocess
+import types
 import typing
 from pathlib import Path
 from typing import Annotated, get_args, get_origin
@@ -26,7 +27,8 @@ CONFIGS = {cmd: _load(spec[1]) for cmd, spec in JOBS.items()}
 
 
 def numeric_keys(cls, prefix=""):
-    """(dotted key, base type, Range or None, scalar|list|dict) of every int/float key, nested sections too."""
+    """(dotted key, base type, Range or None, scalar|list|dict|either) of every int/float key, nested sections
+    too; `either`: a scalar or a list (scaling.num_workers: n or [min, max])."""
     hints = typing.get_type_hints(cls, include_extras=True)
     out = []
     for f in dataclasses.fields(cls):
@@ -34,8 +36,11 @@ def numeric_keys(cls, prefix=""):
         if dataclasses.is_dataclass(tp):
             out += numeric_keys(tp, f"{prefix}{f.name}.")
             continue
-        outer = get_origin(get_args(tp)[0] if get_origin(tp) is Annotated else tp)
-        shape = "dict" if outer is dict else "list" if outer in (list, tuple) else "scalar"
+        bare = get_args(tp)[0] if get_origin(tp) is Annotated else tp
+        outer = get_origin(bare)
+        arms = {get_origin(get_args(a)[0] if get_origin(a) is Annotated else a) for a in get_args(bare)}
+        shape = ("dict" if outer is dict else "list" if outer in (list, tuple)
+                 else "either" if outer in (typing.Union, types.UnionType) and arms & {list, tuple} else "scalar")
         out += [(f"{prefix}{f.name}", base, rng, shape) for base, rng in _numbers(tp)]
     return out
 
@@ -92,6 +97,7 @@ def bad_override(draw, cmd: str, unwritable: Path | None, a_file: Path):
     if family == "type":
         key, base, _, shape = draw(st.sampled_from(keys))
         wrong = {"dict": ["abc", "[1, 2]", "{a: abc}"], "list": ["abc", "{a: 1}", "[abc]"],
+                 "either": ["abc", "{a: 1}", "[abc]", "[1, 2, 3]"] + (["1.5"] if base is int else []),
                  "scalar": ["abc", "{a: 1}", "[1, 2]"] + (["1.5"] if base is int else [])}[shape]
         value = draw(st.sampled_from(wrong))
         return [f"{key}={value}"], key

@@ -155,6 +155,9 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
                 return _coerce(value, arm, key)
             except ConfigError as e:
                 errors.append(str(e))
+        domain = [e for e in errors if "' must be " in e]  # the right type, out of its range: say that
+        if domain:
+            raise ConfigError(domain[0])
         shown = value.raw if isinstance(value, RawOverride) else value
         raise ConfigError(f"config key '{key}' expects {type_name(tp)}, got {shown!r}")
     if origin is Literal:

@@ -26,11 +26,14 @@ def _free_port() -> int:
 
 
 def _wait_for(url: str, proc: subprocess.Popen, what: str, seconds: int = 90) -> None:
+    import urllib.error
     import urllib.request
 
     for _ in range(seconds * 2):
         try:
             urllib.request.urlopen(url, timeout=2)
+            return
+        except urllib.error.HTTPError:  # it answers (the dashboard asks for Ray's token)
             return
         except OSError:
             assert proc.poll() is None, f"{what} exited with {proc.returncode}"
@@ -70,12 +73,7 @@ def test_train_job_runs_under_ray_job_submit_and_logs_to_an_mlflow_server(tmp_pa
                             stderr=subprocess.DEVNULL)
     try:
         address = f"http://127.0.0.1:{dash}"
-        for _ in range(90):  # the dashboard's job server takes a while to come up
-            probe = subprocess.run([str(bin_dir / "ray"), "job", "list", "--address", address],
-                                   env=env, capture_output=True, text=True)
-            if probe.returncode == 0:
-                break
-            time.sleep(1)
+        _wait_for(f"{address}/api/version", head, "the Ray dashboard")  # its job server takes a while
         home = tmp_path / "project"  # the user's folder: the README recipe passes it as WXRAY_HOME
         _wait_for(f"{tracking}/health", server, "mlflow server")
         runtime_env = json.dumps({"env_vars": {"WXRAY_HOME": str(home), "MLFLOW_TRACKING_URI": tracking}})

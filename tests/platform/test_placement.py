@@ -205,6 +205,22 @@ out["resolved"], out["recorded"] = found.vendor, cfg.vendor
 out["resources_per_worker"], out["label_selector"] = sc.resources_per_worker, sc.label_selector
 out["tasks_on"] = sorted(vendor[n] for n in ray.get([where.options(**found.pin.options(1)).remote()
                                                      for _ in range(4)]))
+# ... and a real Ray Train run with that ScalingConfig: both workers on the AMD node (gloo: no GPU here)
+import tempfile
+from ray.train import RunConfig
+from ray.train.torch import TorchConfig, TorchTrainer
+
+def report_node(config):
+    import ray.train
+    rank = ray.train.get_context().get_world_rank()
+    with open(f"{config['out']}/rank{rank}", "w") as f:
+        f.write(ray.get_runtime_context().get_node_id())
+
+with tempfile.TemporaryDirectory() as tmp:
+    TorchTrainer(report_node, train_loop_config={"out": tmp}, scaling_config=sc,
+                 torch_config=TorchConfig(backend="gloo"),
+                 run_config=RunConfig(storage_path=f"{tmp}/ray", name="where")).fit()
+    out["trained_on"] = sorted(vendor[open(f"{tmp}/rank{r}").read()] for r in range(2))
 ray.kill(busy)
 out["a_s"] = time.monotonic() - t0
 # (b) unpinned ensemble actors: three 1-GPU members cannot fit on one 2-GPU node, so they span both vendors
@@ -247,7 +263,7 @@ def test_vendors_on_a_local_multi_node_cluster(tmp_path):
     assert out["busy_on"] == "nvidia"
     assert out["resolved"] == out["recorded"] == "amd"
     assert out["resources_per_worker"] == {"CPU": 0.5, "GPU": 1, "amd": 1} and out["label_selector"] is None
-    assert out["tasks_on"] == ["amd"] * 4
+    assert out["tasks_on"] == ["amd"] * 4 and out["trained_on"] == ["amd"] * 2
     assert set(out["members_on"]) == {"nvidia", "amd"} and out["member_devices"] == ["cpu"]
     amd_short, per_worker, actor = out["errors"]
     assert amd_short.startswith("scaling.num_workers=3 (each 1 GPU, 0.5 CPU) does not fit on the AMD GPU nodes: "
