@@ -225,7 +225,9 @@ def run_job(job: str, cfg_cls: type[C], main: Callable[[C, JobContext], dict[str
             result.setdefault("mlflow_uri", redact_uri(tracker.uri))
         if cfg.tracking.fallback:
             result["tracking_fallback"] = cfg.tracking.fallback
-        ctx.provenance.setdefault("inputs", provenance.input_fingerprints(cfg))
+        taken = [ctx.provenance.get("store"), *ctx.provenance.get("obs_streams", {}).values()]
+        known = {fp["path"]: fp for fp in taken if isinstance(fp, dict) and "path" in fp}
+        ctx.provenance.setdefault("inputs", provenance.input_fingerprints(cfg, known))
         ctx.record_provenance()
         write_json(ctx.out_dir / "summary.json", {**result, "provenance": ctx.provenance})
         for name in ("summary.json", "config.yaml", "provenance.json"):

@@ -209,18 +209,22 @@ def stream_fingerprint(path: str | Path) -> dict[str, Any]:
     return {**out, "files": n, "listing_sha256": h.hexdigest()}
 
 
-def input_fingerprints(cfg: Any) -> dict[str, dict[str, Any]]:
+def input_fingerprints(cfg: Any, known: dict[str, dict[str, Any]] | None = None) -> dict[str, dict[str, Any]]:
     """{config key: fingerprint} of every input path a job's config names (`config.InPath` keys that are set):
     a zarr store by `store_fingerprint`, anything else (a checkpoint, a Parquet dataset, a folder of runs)
-    by `stream_fingerprint`; a glob or a path that is not there by its text."""
+    by `stream_fingerprint`; a glob or a path that is not there by its text. `known`: {path: fingerprint}
+    the job took already (its store), not read again."""
     from wxray.config import path_keys
 
-    out = {}
+    out, known = {}, known or {}
     for owner, name, key, marker in path_keys(cfg):
         value = getattr(owner, name)
         if marker.output or not value or value in marker.keywords:
             continue
         root = Path(value)
+        if value in known or str(root.resolve()) in known:
+            out[key] = known.get(value) or known[str(root.resolve())]
+            continue
         try:
             if "://" not in value and root.is_dir() and _metadata_files(root):
                 out[key] = store_fingerprint(value)

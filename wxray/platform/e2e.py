@@ -117,8 +117,9 @@ def fit_stage(cfg, data: E2EData, ctx: JobContext, identity: dict, init: dict[st
     acc.ensure_ray(cfg.ray_address, timeout_s=cfg.ray_timeout_s)
     acc.check_cluster_fits(cfg.scaling, reserve_cpus=cfg.data.read_cpus)
     ctx.provenance["store"] = store_fingerprint(data.spec.store)
-    ctx.provenance["obs_streams"] = {s.name: stream_fingerprint(Path(data.obs.obs_dir) / s.path)
-                                     for s in data.obs.streams}
+    paths = {s.name: str(Path(data.obs.obs_dir) / s.path) for s in data.obs.streams}
+    hashed = {p: stream_fingerprint(p) for p in set(paths.values())}  # point streams share one dataset
+    ctx.provenance["obs_streams"] = {name: hashed[p] for name, p in paths.items()}
     ctx.start()
     if last is not None:
         say(f"resuming from {last}")
