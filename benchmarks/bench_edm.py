@@ -3,6 +3,7 @@
     python benchmarks/bench_edm.py                       # CPU, batch 1, 6 timed steps (~4 min, 2 cores)
     python benchmarks/bench_edm.py --img 32 64 --steps 12  # L=512 (~30 s, 2 cores)
     python benchmarks/bench_edm.py --device cuda --batch 8 --steps 20 --json out.json
+    python benchmarks/bench_edm.py --device cuda --bf16     # the forward (loss included) under bf16 autocast
 
 Config (defaults): D=256, depth 8, 4 heads, MLP ratio 4, split (2, 4, 2), r=0.25 (the paper's EDM split and
 ratio, Sec. 4.3), a 64x128 grid with patch 2 -> L=2048 tokens, K=512 routed; 5 variables x 2 history steps
@@ -40,6 +41,7 @@ import torch.nn as nn
 from torch.utils import flop_counter
 
 from wxray.models import EDMBlock, ResSlimEDM, SparseRouter, edm_loss, latitude_weights
+from wxray.platform.accelerators import compute
 
 DEPTH, HEADS, MLP_RATIO = 8, 4, 4.0
 SPLIT, KEEP = (2, 4, 2), 0.25
@@ -86,8 +88,9 @@ class Bench:
     """One module + AdamW + a loss closure loss_fn(generator); `probe()` counts FLOPs and saved bytes."""
 
     def __init__(self, module: nn.Module, loss_fn: Callable[[torch.Generator], torch.Tensor],
-                 device: torch.device, seed: int):
+                 device: torch.device, seed: int, bf16: bool = False):
         self.module = module.to(device).train()
+        self.amp = lambda: compute(device, torch.bfloat16 if bf16 else None)
         self.opt = torch.optim.AdamW(module.parameters(), lr=1e-4)
         self.gen = torch.Generator(device=device).manual_seed(seed)
         self.loss_fn, self.device = loss_fn, device
@@ -107,7 +110,7 @@ class Bench:
 
         with flop_counter.FlopCounterMode(display=False, custom_mapping=_sdpa_cpu_flops()) as counter:
             self.opt.zero_grad(set_to_none=True)
-            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), self.amp():
                 loss = self.loss_fn(self.gen)
             loss.backward()
             self.opt.step()
@@ -117,7 +120,9 @@ class Bench:
         self._sync()
         t0 = time.perf_counter()
         self.opt.zero_grad(set_to_none=True)
-        self.loss_fn(self.gen).backward()
+        with self.amp():
+            loss = self.loss_fn(self.gen)
+        loss.backward()
         self.opt.step()
         self._sync()
         self.times.append(time.perf_counter() - t0)
@@ -127,7 +132,7 @@ def make_model(keep: float, dim: int, img: tuple[int, int]) -> ResSlimEDM:
     return ResSlimEDM(N_VARS, HISTORY, N_CONST, N_OUT, img, PATCH, dim, DEPTH, HEADS, MLP_RATIO, SPLIT, keep)
 
 
-def run(device: torch.device, steps: int, batch: int, dim: int, img: tuple[int, int]) -> dict:
+def run(device: torch.device, steps: int, batch: int, dim: int, img: tuple[int, int], bf16: bool = False) -> dict:
     torch.manual_seed(0)
     seq = (img[0] // PATCH) * (img[1] // PATCH)
     lat_w = latitude_weights(torch.linspace(-88.6, 88.6, img[0])).to(device)
@@ -140,11 +145,11 @@ def run(device: torch.device, steps: int, batch: int, dim: int, img: tuple[int, 
         stack = SparseRouter([EDMBlock(dim, HEADS, MLP_RATIO) for _ in range(DEPTH)], SPLIT, keep)
         benches[variant, "stack"] = Bench(
             stack, lambda g, s=stack: nn.functional.mse_loss(s(z_x, generator=g, cond=z_c, emb=emb), target),
-            device, seed=1,
+            device, seed=1, bf16=bf16,
         )
         models[variant] = model = make_model(keep, dim, img)
         benches[variant, "full"] = Bench(
-            model, lambda g, m=model: edm_loss(m, fields, cond, lat_w, g), device, seed=2
+            model, lambda g, m=model: edm_loss(m, fields, cond, lat_w, g), device, seed=2, bf16=bf16
         )
     probes = {key: b.probe() for key, b in benches.items()}
     for b in benches.values():
@@ -160,7 +165,7 @@ def run(device: torch.device, steps: int, batch: int, dim: int, img: tuple[int, 
         g = torch.Generator(device=device).manual_seed(3)
         routing = model.draw_routing(batch, g, device)
         times = []
-        with torch.no_grad():
+        with torch.no_grad(), benches[variant, "full"].amp():
             for _ in range(steps + 1):
                 benches[variant, "full"]._sync()
                 t0 = time.perf_counter()
@@ -195,6 +200,7 @@ def main() -> None:
     parser.add_argument("--dim", type=int, default=256)
     parser.add_argument("--img", type=int, nargs=2, default=(64, 128), metavar=("H", "W"))
     parser.add_argument("--threads", type=int, default=None, help="intra-op threads (default: torch's)")
+    parser.add_argument("--bf16", action="store_true", help="forward under bf16 autocast (optimizer fp32)")
     parser.add_argument("--json", default=None, help="also write results to this JSON file")
     args = parser.parse_args()
     if args.threads:
@@ -205,10 +211,12 @@ def main() -> None:
     seq = (img[0] // PATCH) * (img[1] // PATCH)
 
     t0, load0 = time.perf_counter(), os.getloadavg()[0]
-    results = run(device, args.steps, batch, args.dim, img)
+    results = run(device, args.steps, batch, args.dim, img, args.bf16)
     expected = expected_speedups(seq, args.dim)
     paper = expected_speedups(PAPER["L"], PAPER["dim"])
     where = f"{args.device}, {torch.get_num_threads()} threads" if device.type == "cpu" else args.device
+    if device.type == "cuda":
+        where = f"{torch.cuda.get_device_name(device)}, {'bf16 autocast' if args.bf16 else 'fp32'}"
     print(f"L={seq} K={math.floor(KEEP * seq)} D={args.dim} depth={DEPTH} split={SPLIT} r={KEEP} batch={batch} "
           f"steps={args.steps} ({where}; {time.perf_counter() - t0:.0f} s; load average {load0:.1f} -> "
           f"{os.getloadavg()[0]:.1f})")
@@ -232,7 +240,8 @@ def main() -> None:
             )
     if args.json:
         config = {"L": seq, "dim": args.dim, "depth": DEPTH, "heads": HEADS, "split": SPLIT, "keep_ratio": KEEP,
-                  "batch": batch, "steps": args.steps, "device": where, "torch": torch.__version__}
+                  "img": img, "bf16": args.bf16, "batch": batch, "steps": args.steps,
+                  "device": where, "torch": torch.__version__}
         with open(args.json, "w") as f:
             json.dump({"config": config, "expected": expected, "expected_paper_scale": paper, "results": results},
                       f, indent=2)

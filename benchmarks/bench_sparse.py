@@ -2,6 +2,7 @@
 
     python benchmarks/bench_sparse.py                       # CPU, batch 1, 8 timed steps (~2 min, 2 cores)
     python benchmarks/bench_sparse.py --device cuda --batch 8 --steps 20 --json out.json
+    python benchmarks/bench_sparse.py --device cuda --bf16 --img 128 256     # bf16 autocast, L=8192
 
 Config (paper's base model, Sec. 4.1): D=256, depth 12, 4 heads, split (2, 8, 2), r=0.25, a 64x128 grid
 with patch 2 -> L=2048 tokens, 5 variables x 2 history steps + 2 constants.
@@ -44,6 +45,7 @@ from wxray.models import (
     lat_weighted_mse,
     latitude_weights,
 )
+from wxray.platform.accelerators import compute
 
 DIM, DEPTH, HEADS, MLP_RATIO = 256, 12, 4, 4.0
 SPLIT, KEEP = (2, 8, 2), 0.25
@@ -92,17 +94,20 @@ def make_stack(variant: str) -> nn.Module:
     return SprintRouter(blocks, SPLIT, keep_ratio=KEEP, dim=DIM)
 
 
-def make_model(variant: str) -> nn.Module:
+def make_model(variant: str, img: tuple[int, int] = IMG) -> nn.Module:
     cls = SprintViT if variant == "sprint" else ResSlimViT
     keep = 1.0 if variant == "dense" else KEEP
-    return cls(N_VARS, HISTORY, N_CONST, N_OUT, IMG, PATCH, DIM, DEPTH, HEADS, MLP_RATIO, SPLIT, keep)
+    return cls(N_VARS, HISTORY, N_CONST, N_OUT, img, PATCH, DIM, DEPTH, HEADS, MLP_RATIO, SPLIT, keep)
 
 
 class Bench:
     """One module + optimizer + fixed batch; `probe()` counts FLOPs and saved bytes, `step()` times a step."""
 
-    def __init__(self, module: nn.Module, batch: tuple, loss_fn: Callable, device: torch.device, seed: int):
+    def __init__(self, module: nn.Module, batch: tuple, loss_fn: Callable, device: torch.device, seed: int,
+                 bf16: bool = False):
         self.module = module.to(device).train()
+        # as the training loops run a forward: bf16 autocast on the device's best attention kernels
+        self.amp = lambda: compute(device, torch.bfloat16 if bf16 else None)
         self.opt = torch.optim.AdamW(module.parameters(), lr=1e-4)
         self.gen = torch.Generator(device=device).manual_seed(seed)
         self.x, self.target = batch
@@ -111,7 +116,9 @@ class Bench:
 
     def _step(self) -> None:
         self.opt.zero_grad(set_to_none=True)
-        self.loss_fn(self.module(self.x, generator=self.gen), self.target).backward()
+        with self.amp():
+            pred = self.module(self.x, generator=self.gen)
+        self.loss_fn(pred.float(), self.target).backward()
         self.opt.step()
 
     def probe(self) -> dict[str, float]:
@@ -125,8 +132,9 @@ class Bench:
 
         with flop_counter.FlopCounterMode(display=False, custom_mapping=_sdpa_cpu_flops()) as counter:
             self.opt.zero_grad(set_to_none=True)
-            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-                loss = self.loss_fn(self.module(self.x, generator=self.gen), self.target)
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), self.amp():
+                pred = self.module(self.x, generator=self.gen)
+            loss = self.loss_fn(pred.float(), self.target)
             loss.backward()
             self.opt.step()
         return {"GFLOP": counter.get_total_flops() / 1e9, "saved_MiB": saved / 2**20}
@@ -141,19 +149,38 @@ class Bench:
         self.times.append(time.perf_counter() - t0)
 
 
-def run(device: torch.device, steps: int, batch: int) -> dict:
+def profile(bench: Bench, name: str, steps: int = 3, rows: int = 12) -> None:
+    """Where a step's time goes: torch.profiler's top ops by self device time (CPU time off GPUs)."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    cuda = bench.device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with torch_profile(activities=activities) as prof:
+        for _ in range(steps):
+            bench.step()
+    bench.times = bench.times[:-steps]
+    print(f"--- profile: {name}, {steps} steps")
+    print(prof.key_averages().table(sort_by="self_cuda_time_total" if cuda else "self_cpu_time_total",
+                                    row_limit=rows, max_name_column_width=48))
+
+
+def run(device: torch.device, steps: int, batch: int, img: tuple[int, int] = IMG, bf16: bool = False,
+        profiled: bool = False) -> dict:
     torch.manual_seed(0)
-    lat_w = latitude_weights(torch.linspace(-88.6, 88.6, IMG[0])).to(device)
-    tokens = (torch.randn(batch, L, DIM, device=device), torch.randn(batch, L, DIM, device=device))
+    seq = (img[0] // PATCH) * (img[1] // PATCH)
+    lat_w = latitude_weights(torch.linspace(-88.6, 88.6, img[0])).to(device)
+    tokens = (torch.randn(batch, seq, DIM, device=device), torch.randn(batch, seq, DIM, device=device))
     fields = (
-        torch.randn(batch, N_VARS * HISTORY + N_CONST, *IMG, device=device),
-        torch.randn(batch, N_OUT, *IMG, device=device),
+        torch.randn(batch, N_VARS * HISTORY + N_CONST, *img, device=device),
+        torch.randn(batch, N_OUT, *img, device=device),
     )
     benches = {}
     for variant in ("dense", "sparse", "sprint"):
-        benches[variant, "stack"] = Bench(make_stack(variant), tokens, nn.functional.mse_loss, device, seed=1)
+        benches[variant, "stack"] = Bench(make_stack(variant), tokens, nn.functional.mse_loss, device, seed=1,
+                                          bf16=bf16)
         benches[variant, "full"] = Bench(
-            make_model(variant), fields, lambda p, t: lat_weighted_mse(p, t, lat_w), device, seed=2
+            make_model(variant, img), fields, lambda p, t: lat_weighted_mse(p, t, lat_w), device, seed=2, bf16=bf16
         )
     probes = {key: b.probe() for key, b in benches.items()}
     for b in benches.values():
@@ -163,6 +190,10 @@ def run(device: torch.device, steps: int, batch: int) -> dict:
     for _ in range(steps):
         for b in benches.values():
             b.step()
+
+    if profiled:
+        for key in (("dense", "stack"), ("sparse", "stack")):
+            profile(benches[key], " ".join(key))
 
     results: dict[str, dict[str, dict[str, float]]] = {}
     for (variant, part), b in benches.items():
@@ -186,15 +217,22 @@ def main() -> None:
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--steps", type=int, default=8, help="timed steps per measurement (median reported)")
     parser.add_argument("--batch", type=int, default=None, help="default: 1 on cpu, 8 on cuda")
+    parser.add_argument("--img", type=int, nargs=2, default=IMG, metavar=("H", "W"))
+    parser.add_argument("--bf16", action="store_true", help="forward under bf16 autocast (loss and optimizer fp32)")
+    parser.add_argument("--profile", action="store_true", help="print torch.profiler tables of the stack steps")
     parser.add_argument("--json", default=None, help="also write results to this JSON file")
     args = parser.parse_args()
     device = torch.device(args.device)
     batch = args.batch or (1 if device.type == "cpu" else 8)
+    img = tuple(args.img)
+    seq = (img[0] // PATCH) * (img[1] // PATCH)
 
-    results = run(device, args.steps, batch)
-    expected = expected_speedups()
+    results = run(device, args.steps, batch, img, args.bf16, args.profile)
+    expected = expected_speedups(n=seq)
     where = f"{args.device}, {torch.get_num_threads()} threads" if device.type == "cpu" else args.device
-    print(f"L={L} D={DIM} depth={DEPTH} split={SPLIT} r={KEEP} batch={batch} steps={args.steps} ({where})")
+    if device.type == "cuda":
+        where = f"{torch.cuda.get_device_name(device)}, {'bf16 autocast' if args.bf16 else 'fp32'}"
+    print(f"L={seq} D={DIM} depth={DEPTH} split={SPLIT} r={KEEP} batch={batch} steps={args.steps} ({where})")
     print(
         f"expected block-stack speedup: paper N/(n1+n2 r^2+n3) = {expected['paper']:.2f}x, "
         f"with linear terms = {expected['exact']:.2f}x"
@@ -215,7 +253,9 @@ def main() -> None:
             )
     if args.json:
         config = {
-            "L": L,
+            "L": seq,
+            "img": img,
+            "bf16": args.bf16,
             "dim": DIM,
             "depth": DEPTH,
             "heads": HEADS,

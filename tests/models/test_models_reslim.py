@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from wxray.models import MODEL_NAMES, ResSlimViT, SprintViT, build_model, sincos_pos_embed_2d
+from wxray.models import MODEL_NAMES, ResSlimViT, SprintViT, VariableAggregation, build_model, sincos_pos_embed_2d
 
 
 def gen(seed):
@@ -92,6 +92,36 @@ def test_tokenizer_embeds_each_variable_from_its_own_history_channels(tiny_kwarg
     bumped[:, 6] += 1.0
     assert torch.equal(per_variable(bumped), base)
     assert not torch.equal(tok(bumped), tok(x))
+
+
+def test_variable_aggregation_is_multi_head_attention_of_the_shared_query():
+    # Eq. 1 against torch's attention on the (B * L, heads, 1, hd) layout the einsums avoid
+    torch.manual_seed(0)
+    agg = VariableAggregation(32, 4)
+    tokens = torch.randn(2, 5, 12, 32)  # (B, V, L, D)
+    B, V, L, D = tokens.shape
+    t = tokens.permute(0, 2, 1, 3).reshape(B * L, V, D)
+    k, v = agg.kv(t).view(B * L, V, 2, 4, 8).permute(2, 0, 3, 1, 4)
+    q = agg.q(agg.query).view(1, 4, 1, 8).expand(B * L, -1, -1, -1)
+    ref = agg.proj(torch.nn.functional.scaled_dot_product_attention(q, k, v).reshape(B, L, D))
+    torch.testing.assert_close(agg(tokens), ref, rtol=1e-5, atol=1e-6)
+    # each position attends over its own variables only
+    bumped = tokens.clone()
+    bumped[1, :, 7] += 1.0
+    changed = (agg(bumped) != agg(tokens)).any(dim=-1)
+    assert changed.nonzero().tolist() == [[1, 7]]
+
+
+@pytest.mark.gpu
+def test_variable_aggregation_takes_more_positions_than_a_cuda_grid_dimension():
+    # B * L = 70000 > 65535: the fused attention kernels refuse it (8 x 8192 tokens at 1.4 deg did)
+    torch.manual_seed(0)
+    agg = VariableAggregation(16, 2)
+    tokens = torch.randn(1, 3, 70_000, 16)
+    want = agg(tokens)
+    with torch.autocast("cuda", torch.bfloat16):
+        got = agg.cuda()(tokens.cuda())
+    torch.testing.assert_close(got.float().cpu(), want, rtol=0.05, atol=0.05)
 
 
 def test_decode_places_each_token_on_its_own_patch(tiny_kwargs):

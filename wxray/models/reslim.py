@@ -14,7 +14,6 @@ from collections.abc import Sequence
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from torch import Tensor
 
 from wxray.models.blocks import Block, Dropout
@@ -44,7 +43,13 @@ def default_split(depth: int) -> tuple[int, int, int]:
 
 
 class VariableAggregation(nn.Module):
-    """Eq. 1: per position, cross-attention from one shared learned query to that position's V tokens."""
+    """Eq. 1: per position, cross-attention from one shared learned query to that position's V tokens.
+
+    softmax(q k_v / sqrt(hd)) over the V variables, per head, as two einsums. Not through
+    scaled_dot_product_attention: the fused kernels put the B * L positions on one CUDA grid dimension
+    (at most 65535), which real grids pass (8 x 8192 tokens at 1.4 deg fails), and one query over a
+    handful of keys gains nothing from them.
+    """
 
     def __init__(self, dim: int, num_heads: int):
         super().__init__()
@@ -58,10 +63,10 @@ class VariableAggregation(nn.Module):
     def forward(self, tokens: Tensor) -> Tensor:
         B, V, L, D = tokens.shape
         hd = D // self.num_heads
-        t = tokens.permute(0, 2, 1, 3).reshape(B * L, V, D)  # each position attends over its variables
-        k, v = self.kv(t).view(B * L, V, 2, self.num_heads, hd).permute(2, 0, 3, 1, 4)
-        q = self.q(self.query).view(1, self.num_heads, 1, hd).expand(B * L, -1, -1, -1)
-        out = F.scaled_dot_product_attention(q, k, v)  # (B*L, heads, 1, hd)
+        k, v = self.kv(tokens).view(B, V, L, 2, self.num_heads, hd).unbind(3)  # (B, V, L, heads, hd) each
+        q = self.q(self.query).view(self.num_heads, hd) * hd**-0.5
+        weights = torch.einsum("hd,bvlhd->blhv", q, k).softmax(dim=-1)
+        out = torch.einsum("blhv,bvlhd->blhd", weights.to(v.dtype), v)
         return self.proj(out.reshape(B, L, D))
 
 
