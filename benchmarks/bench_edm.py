@@ -34,14 +34,12 @@ import math
 import os
 import statistics
 import time
-from collections.abc import Callable
 
 import torch
 import torch.nn as nn
-from torch.utils import flop_counter
+from step_bench import StepBench
 
 from wxray.models import EDMBlock, ResSlimEDM, SparseRouter, edm_loss, latitude_weights
-from wxray.platform.accelerators import compute
 
 DEPTH, HEADS, MLP_RATIO = 8, 4, 4.0
 SPLIT, KEEP = (2, 4, 2), 0.25
@@ -68,66 +66,6 @@ def expected_speedups(seq: int, d: int, split: tuple[int, int, int] = SPLIT, r: 
     return {"attention_only": ratio(attention_only=True), "flop_model": ratio()}
 
 
-def _sdpa_cpu_flops() -> dict:
-    """flop_counter does not know the CPU flash-attention kernels that SDPA dispatches to; register them."""
-    aten = torch.ops.aten
-
-    def fwd(q, k, v, *args, out_shape=None, **kwargs):
-        return flop_counter.sdpa_flop_count(q, k, v)
-
-    def bwd(grad, q, k, v, *args, out_shape=None, **kwargs):
-        return flop_counter.sdpa_backward_flop_count(grad, q, k, v)
-
-    return {
-        aten._scaled_dot_product_flash_attention_for_cpu: fwd,
-        aten._scaled_dot_product_flash_attention_for_cpu_backward: bwd,
-    }
-
-
-class Bench:
-    """One module + AdamW + a loss closure loss_fn(generator); `probe()` counts FLOPs and saved bytes."""
-
-    def __init__(self, module: nn.Module, loss_fn: Callable[[torch.Generator], torch.Tensor],
-                 device: torch.device, seed: int, bf16: bool = False):
-        self.module = module.to(device).train()
-        self.amp = lambda: compute(device, torch.bfloat16 if bf16 else None)
-        self.opt = torch.optim.AdamW(module.parameters(), lr=1e-4)
-        self.gen = torch.Generator(device=device).manual_seed(seed)
-        self.loss_fn, self.device = loss_fn, device
-        self.times: list[float] = []
-
-    def _sync(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-
-    def probe(self) -> dict[str, float]:
-        saved = 0
-
-        def pack(t: torch.Tensor) -> torch.Tensor:
-            nonlocal saved
-            saved += t.numel() * t.element_size()
-            return t
-
-        with flop_counter.FlopCounterMode(display=False, custom_mapping=_sdpa_cpu_flops()) as counter:
-            self.opt.zero_grad(set_to_none=True)
-            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), self.amp():
-                loss = self.loss_fn(self.gen)
-            loss.backward()
-            self.opt.step()
-        return {"GFLOP": counter.get_total_flops() / 1e9, "saved_MiB": saved / 2**20}
-
-    def step(self) -> None:
-        self._sync()
-        t0 = time.perf_counter()
-        self.opt.zero_grad(set_to_none=True)
-        with self.amp():
-            loss = self.loss_fn(self.gen)
-        loss.backward()
-        self.opt.step()
-        self._sync()
-        self.times.append(time.perf_counter() - t0)
-
-
 def make_model(keep: float, dim: int, img: tuple[int, int]) -> ResSlimEDM:
     return ResSlimEDM(N_VARS, HISTORY, N_CONST, N_OUT, img, PATCH, dim, DEPTH, HEADS, MLP_RATIO, SPLIT, keep)
 
@@ -143,12 +81,12 @@ def run(device: torch.device, steps: int, batch: int, dim: int, img: tuple[int, 
     benches, models = {}, {}
     for variant, keep in (("dense", 1.0), ("sparse", KEEP)):
         stack = SparseRouter([EDMBlock(dim, HEADS, MLP_RATIO) for _ in range(DEPTH)], SPLIT, keep)
-        benches[variant, "stack"] = Bench(
+        benches[variant, "stack"] = StepBench(
             stack, lambda g, s=stack: nn.functional.mse_loss(s(z_x, generator=g, cond=z_c, emb=emb), target),
             device, seed=1, bf16=bf16,
         )
         models[variant] = model = make_model(keep, dim, img)
-        benches[variant, "full"] = Bench(
+        benches[variant, "full"] = StepBench(
             model, lambda g, m=model: edm_loss(m, fields, cond, lat_w, g), device, seed=2, bf16=bf16
         )
     probes = {key: b.probe() for key, b in benches.items()}
@@ -167,10 +105,10 @@ def run(device: torch.device, steps: int, batch: int, dim: int, img: tuple[int, 
         times = []
         with torch.no_grad(), benches[variant, "full"].amp():
             for _ in range(steps + 1):
-                benches[variant, "full"]._sync()
+                benches[variant, "full"].sync()
                 t0 = time.perf_counter()
                 model(fields, 1.0, cond, generator=g, routing=routing)
-                benches[variant, "full"]._sync()
+                benches[variant, "full"].sync()
                 times.append(time.perf_counter() - t0)
         call_ms[variant] = 1e3 * statistics.median(times[1:])
 

@@ -29,12 +29,10 @@ import argparse
 import json
 import math
 import statistics
-import time
-from collections.abc import Callable
 
 import torch
 import torch.nn as nn
-from torch.utils import flop_counter
+from step_bench import StepBench, profile
 
 from wxray.models import (
     Block,
@@ -45,7 +43,6 @@ from wxray.models import (
     lat_weighted_mse,
     latitude_weights,
 )
-from wxray.platform.accelerators import compute
 
 DIM, DEPTH, HEADS, MLP_RATIO = 256, 12, 4, 4.0
 SPLIT, KEEP = (2, 8, 2), 0.25
@@ -69,22 +66,6 @@ def expected_speedups(split: tuple[int, int, int] = SPLIT, r: float = KEEP, n: i
     return {"paper": (n1 + n2 + n3) / (n1 + n2 * r * r + n3), "exact": exact}
 
 
-def _sdpa_cpu_flops() -> dict:
-    """flop_counter does not know the CPU flash-attention kernels that SDPA dispatches to; register them."""
-    aten = torch.ops.aten
-
-    def fwd(q, k, v, *args, out_shape=None, **kwargs):
-        return flop_counter.sdpa_flop_count(q, k, v)
-
-    def bwd(grad, q, k, v, *args, out_shape=None, **kwargs):
-        return flop_counter.sdpa_backward_flop_count(grad, q, k, v)
-
-    return {
-        aten._scaled_dot_product_flash_attention_for_cpu: fwd,
-        aten._scaled_dot_product_flash_attention_for_cpu_backward: bwd,
-    }
-
-
 def make_stack(variant: str) -> nn.Module:
     blocks = [Block(DIM, HEADS, MLP_RATIO) for _ in range(DEPTH)]
     if variant == "dense":
@@ -100,71 +81,6 @@ def make_model(variant: str, img: tuple[int, int] = IMG) -> nn.Module:
     return cls(N_VARS, HISTORY, N_CONST, N_OUT, img, PATCH, DIM, DEPTH, HEADS, MLP_RATIO, SPLIT, keep)
 
 
-class Bench:
-    """One module + optimizer + fixed batch; `probe()` counts FLOPs and saved bytes, `step()` times a step."""
-
-    def __init__(self, module: nn.Module, batch: tuple, loss_fn: Callable, device: torch.device, seed: int,
-                 bf16: bool = False):
-        self.module = module.to(device).train()
-        # as the training loops run a forward: bf16 autocast on the device's best attention kernels
-        self.amp = lambda: compute(device, torch.bfloat16 if bf16 else None)
-        self.opt = torch.optim.AdamW(module.parameters(), lr=1e-4)
-        self.gen = torch.Generator(device=device).manual_seed(seed)
-        self.x, self.target = batch
-        self.loss_fn, self.device = loss_fn, device
-        self.times: list[float] = []
-
-    def _step(self) -> None:
-        self.opt.zero_grad(set_to_none=True)
-        with self.amp():
-            pred = self.module(self.x, generator=self.gen)
-        self.loss_fn(pred.float(), self.target).backward()
-        self.opt.step()
-
-    def probe(self) -> dict[str, float]:
-        """A warm-up step under FlopCounterMode (fwd + bwd FLOPs) and saved_tensors_hooks (forward only)."""
-        saved = 0
-
-        def pack(t: torch.Tensor) -> torch.Tensor:
-            nonlocal saved
-            saved += t.numel() * t.element_size()
-            return t
-
-        with flop_counter.FlopCounterMode(display=False, custom_mapping=_sdpa_cpu_flops()) as counter:
-            self.opt.zero_grad(set_to_none=True)
-            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), self.amp():
-                pred = self.module(self.x, generator=self.gen)
-            loss = self.loss_fn(pred.float(), self.target)
-            loss.backward()
-            self.opt.step()
-        return {"GFLOP": counter.get_total_flops() / 1e9, "saved_MiB": saved / 2**20}
-
-    def step(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        t0 = time.perf_counter()
-        self._step()
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        self.times.append(time.perf_counter() - t0)
-
-
-def profile(bench: Bench, name: str, steps: int = 3, rows: int = 12) -> None:
-    """Where a step's time goes: torch.profiler's top ops by self device time (CPU time off GPUs)."""
-    from torch.profiler import ProfilerActivity
-    from torch.profiler import profile as torch_profile
-
-    cuda = bench.device.type == "cuda"
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    with torch_profile(activities=activities) as prof:
-        for _ in range(steps):
-            bench.step()
-    bench.times = bench.times[:-steps]
-    print(f"--- profile: {name}, {steps} steps")
-    print(prof.key_averages().table(sort_by="self_cuda_time_total" if cuda else "self_cpu_time_total",
-                                    row_limit=rows, max_name_column_width=48))
-
-
 def run(device: torch.device, steps: int, batch: int, img: tuple[int, int] = IMG, bf16: bool = False,
         profiled: bool = False) -> dict:
     torch.manual_seed(0)
@@ -177,11 +93,13 @@ def run(device: torch.device, steps: int, batch: int, img: tuple[int, int] = IMG
     )
     benches = {}
     for variant in ("dense", "sparse", "sprint"):
-        benches[variant, "stack"] = Bench(make_stack(variant), tokens, nn.functional.mse_loss, device, seed=1,
-                                          bf16=bf16)
-        benches[variant, "full"] = Bench(
-            make_model(variant, img), fields, lambda p, t: lat_weighted_mse(p, t, lat_w), device, seed=2, bf16=bf16
-        )
+        stack, model = make_stack(variant), make_model(variant, img)
+        benches[variant, "stack"] = StepBench(
+            stack, lambda g, s=stack: nn.functional.mse_loss(s(tokens[0], generator=g).float(), tokens[1]),
+            device, seed=1, bf16=bf16)
+        benches[variant, "full"] = StepBench(
+            model, lambda g, m=model: lat_weighted_mse(m(fields[0], generator=g).float(), fields[1], lat_w),
+            device, seed=2, bf16=bf16)
     probes = {key: b.probe() for key, b in benches.items()}
     for b in benches.values():
         b.step()  # second warm-up step, discarded
