@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -57,14 +59,17 @@ def _layout(setup, plan) -> Layout:
     return Layout(plan, data.spec, times, np.timedelta64(6, "h"), attrs={"test": "1"})
 
 
-def _run(setup, plan, out, actors=1, kill=False, write=None):
+def _run(setup, plan, out, actors=1, kill=False, write=None, denied: Plan | None = None, collect=None):
     """fan_out into a store under `out`; with `kill`, actor 0 is killed once the first unit is in (mid-run:
-    the units in flight on it are retried on its restarted replica)."""
+    the units in flight on it are retried on its restarted replica). With `denied`, a second run with that plan
+    shares the fan-out, init by init; with `collect`, every unit's members also land in `collect[run, a, i]`."""
     _, data, *_, anchors, times = setup
     layout = _layout(setup, plan)
     store = EnsembleStore(out, layout)
     done = store.open()
-    units = [(a, i) for a in range(len(anchors)) for i in range(plan.members_m) if (a, i) not in done]
+    runs = [plan] + ([denied] if denied else [])
+    units = [(r, a, i) for a in range(len(anchors)) for r in range(len(runs)) for i in range(plan.members_m)
+             if r or (a, i) not in done]
     reader = E2EReader(data.spec, data.obs)
     handles, calls = [], []
 
@@ -75,8 +80,14 @@ def _run(setup, plan, out, actors=1, kill=False, write=None):
 
             ray.kill(handles[0], no_restart=False)
 
-    fan_out(_models(setup), plan, units, times, lambda a: reader.inputs(anchors[[a]]), write or store.write,
-            actors=actors, num_cpus=1, num_gpus=0, device="cpu", on_started=handles.extend, progress=progress)
+    def put(r, a, i, unit):
+        if collect is not None:
+            collect[r, a, i] = unit["fields"]
+        if not r:
+            (write or store.write)(a, i, unit)
+
+    fan_out(_models(setup), runs, units, times, lambda a: reader.inputs(anchors[[a]]), put, actors=actors,
+            num_cpus=1, num_gpus=0, device="cpu", on_started=handles.extend, progress=progress)
     return store.finish()
 
 
@@ -117,8 +128,25 @@ def test_actors_kill_and_resume_give_the_same_members_and_moments_the_same_split
     from wxray.platform import ensemble_store
 
     plan = Plan(members_m=3, members_n=2, members_r=2, lead_steps=2, seed=7, dropout=0.2)
-    one = _run(setup, plan, tmp_path / "one", actors=1)
+    # one actor, and a run denying a stream in the same fan-out (as jobs/ose.py runs them): each run's members
+    # are those of its units computed alone, in this process
+    runs = (plan, replace(plan, deny=(setup[1].obs.streams[0].name,)))
+    got = {}
+    one = _run(setup, plan, tmp_path / "one", actors=1, denied=runs[1], collect=got)
     ref = xr.open_zarr(one["fields"]).load()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the actors run
+    try:
+        for r, run in enumerate(runs):
+            alone = _unit_members(setup, run, _models(setup))  # init 0
+            for i in range(3):
+                np.testing.assert_array_equal(got[r, 0, i], alone[i])
+    finally:
+        torch.set_num_threads(threads)
+    assert not np.allclose(got[0, 0, 0], got[1, 0, 0])
+    with pytest.raises(ValueError, match="differ only in their denied streams"):
+        fan_out(_models(setup), [plan, replace(plan, seed=8)], [(0, 0, 0)], setup[-1], None, None, actors=1,
+                num_cpus=1, num_gpus=0)
     assert ref.geopotential.dims[:5] == ("init_time", "lead_time", "encoder_draw", "dropout_draw", "routing_draw")
     assert int(ref.geopotential.isnull().sum()) == 0 and not (tmp_path / "one" / DONE).exists()
     assert xr.open_zarr(one["fields"]).geopotential.encoding["chunks"][:3] == (1, 3, 1)  # a unit, all leads

@@ -20,6 +20,7 @@ An interrupted run continues where it stopped when re-run with the same `out_dir
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -121,36 +122,44 @@ def build_models(cfg: EnsembleConfig) -> tuple[UnitModels, Layout, np.ndarray, A
     return models, layout, anchors, data, used
 
 
-def run_members(cfg: EnsembleConfig, ctx: JobContext, models: UnitModels, layout: Layout, anchors: np.ndarray,
-                data, sub_dir: str = "") -> dict[str, Path]:
-    """Fan the units out (skipping those an interrupted run wrote) and finish the stores (in `sub_dir`)."""
+def run_members(cfg: EnsembleConfig, ctx: JobContext, models: UnitModels, layouts: Sequence[Layout],
+                anchors: np.ndarray, data, sub_dirs: Sequence[str] = ("",)) -> list[dict[str, Path]]:
+    """Fan the units of one or more runs (`layouts` differing only in the streams they deny, each written to
+    its `sub_dirs` entry) out together, skipping those an interrupted run wrote, and finish their stores."""
     from tqdm import tqdm
 
     from wxray.platform.accelerators import ensure_ray
 
     w = cfg.workers
     ensure_ray(cfg.ray_address)
-    check_fits(min(w.actors, len(anchors) * layout.plan.members_m), w.num_cpus, w.num_gpus, w.vendor)  # no output yet
-    out = ctx.out_dir / sub_dir
-    out.mkdir(parents=True, exist_ok=True)
-    store = EnsembleStore(out, layout)
-    done = store.open()
+    members_m = layouts[0].plan.members_m
+    check_fits(min(w.actors, len(anchors) * members_m), w.num_cpus, w.num_gpus, w.vendor)  # no output yet
+    stores, done = [], []
+    for sub_dir, layout in zip(sub_dirs, layouts, strict=True):
+        out = ctx.out_dir / sub_dir
+        out.mkdir(parents=True, exist_ok=True)
+        stores.append(EnsembleStore(out, layout))
+        done.append(stores[-1].open())
+        if stores[-1].complete:
+            say(f"{out}: this run's stores are complete already, reusing them")
     ctx.keep_on_failure = True  # written units survive a failure: a re-run continues from them
-    plan = layout.plan
-    units = [(a, i) for a in range(len(anchors)) for i in range(plan.members_m) if (a, i) not in done]
-    total = len(anchors) * plan.members_m
-    if store.complete:
-        say(f"{out}: this run's stores are complete already, reusing them")
-        return store.finish()
-    say(f"{total} unit(s) (init x encoder draw) of {plan.members_n * plan.members_r} member(s) each"
-        + (f"; {total - len(units)} already written, continuing" if done else "")
-        + f"; {min(cfg.workers.actors, max(len(units), 1))} actor(s)")
-    reader = E2EReader(data.spec, data.obs)
-    with tqdm(total=total, initial=total - len(units), desc="ensemble units", unit="unit") as bar:
-        fan_out(models, plan, units, layout.init_times, lambda a: reader.inputs(anchors[[a]]), store.write,
-                actors=w.actors, num_cpus=w.num_cpus, num_gpus=w.num_gpus, vendor=w.vendor, device=w.device,
-                max_restarts=w.max_restarts, progress=bar.update)
-    return store.finish()
+    # init by init, so each init's inputs are read once for all the runs and freed after its last unit
+    units = [(r, a, i) for a in range(len(anchors)) for r, store in enumerate(stores) if not store.complete
+             for i in range(members_m) if (a, i) not in done[r]]
+    total = sum(len(anchors) * members_m for store in stores if not store.complete)
+    if units:
+        plan = layouts[0].plan
+        say(f"{total} unit(s) (init x encoder draw{' x run' if len(stores) > 1 else ''}) of "
+            f"{plan.members_n * plan.members_r} member(s) each"
+            + (f"; {total - len(units)} already written, continuing" if total > len(units) else "")
+            + f"; {min(w.actors, len(units))} actor(s)")
+        reader = E2EReader(data.spec, data.obs)
+        with tqdm(total=total, initial=total - len(units), desc="ensemble units", unit="unit") as bar:
+            fan_out(models, [lay.plan for lay in layouts], units, layouts[0].init_times,
+                    lambda a: reader.inputs(anchors[[a]]), lambda r, a, i, unit: stores[r].write(a, i, unit),
+                    actors=w.actors, num_cpus=w.num_cpus, num_gpus=w.num_gpus, vendor=w.vendor, device=w.device,
+                    max_restarts=w.max_restarts, progress=bar.update)
+    return [store.finish() for store in stores]
 
 
 def truth_like(ds: xr.Dataset, like: xr.Dataset) -> xr.Dataset:
@@ -179,7 +188,7 @@ def ensemble(cfg: EnsembleConfig, ctx: JobContext) -> dict[str, Any]:
         + (f" x {plan.members_r} routing draw(s)" if plan.members_r > 1 else "")
         + f", {len(anchors)} init(s), {plan.lead_steps} step(s)"
         + (f", denying {', '.join(cfg.deny)}" if cfg.deny else ""))
-    paths = run_members(cfg, ctx, models, layout, anchors, data)
+    [paths] = run_members(cfg, ctx, models, [layout], anchors, data)
     ds = open_store(data.spec.store)
     scored = ds[TIME].values[rollout_anchors(ds, anchors, data.spec, cfg.lead_steps)]
     report = analyse(layout, paths, lambda like: truth_like(ds, like), scored, ctx.out_dir, ctx.tracker, cfg.plots)

@@ -9,6 +9,10 @@ retried, and each init's inputs should be read once for its M units. Plain actor
 three directly; a unit's coordinates travel with it, so results are written in any order. Each actor has
 at most two units in flight, so it never waits for the driver between units.
 
+Several runs that differ only in the streams they deny (`jobs/ose.py`: a baseline and one run per stream)
+share one fan-out: a unit is (run, init, draw), so the replicas are built once and each init's inputs are
+read once for all the runs' units.
+
 Failures: an actor that dies is restarted (`max_restarts`) and its in-flight units are retried
 (`max_task_retries`). The restarted actor rebuilds its replica from the same object; the units' draws
 derive from their coordinates (`ensemble_units`), so recomputed members are bit-identical.
@@ -22,7 +26,8 @@ gives it (`placement.device_for_actor`); `nvidia` / `amd` pins them to one vendo
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -31,7 +36,7 @@ import torch
 from wxray.errors import ConfigError, WxrayError
 from wxray.platform.ensemble_units import Plan, UnitModels, run_unit
 
-Unit = tuple[int, int]  # (init index, encoder draw)
+Unit = tuple[int, int, int]  # (run, init index, encoder draw)
 
 
 def actor_capacity(nodes: Iterable[dict[str, float]], num_cpus: float, num_gpus: float) -> int:
@@ -79,20 +84,20 @@ class _Worker:
     arguments alive, ray-project/ray#53727.)
     """
 
-    def __init__(self, plan: Plan, device: str, threads: int):
+    def __init__(self, plans: Sequence[Plan], device: str, threads: int):
         if threads > 0:
             torch.set_num_threads(threads)
         self.device = _device(device)
-        self.plan = plan
+        self.plans = plans
         self.models: UnitModels | None = None
 
-    def run(self, models: list[Any], a: int, init_time: np.datetime64, i: int, inputs: dict[str, np.ndarray]
-            ) -> tuple[int, int, dict[str, np.ndarray]]:
+    def run(self, models: list[Any], run: int, a: int, init_time: np.datetime64, i: int,
+            inputs: dict[str, np.ndarray]) -> tuple[int, int, int, dict[str, np.ndarray]]:
         if self.models is None:
             import ray
 
-            self.models = ray.get(models[0]).to(self.device).prepare(self.plan.dropout)
-        return a, i, run_unit(self.models, inputs, init_time, i, self.plan, self.device)
+            self.models = ray.get(models[0]).to(self.device).prepare(self.plans[0].dropout)
+        return run, a, i, run_unit(self.models, inputs, init_time, i, self.plans[run], self.device)
 
 
 def worker_class():
@@ -101,21 +106,24 @@ def worker_class():
     return ray.remote(_Worker)
 
 
-def fan_out(models: UnitModels, plan: Plan, units: list[Unit], init_times: np.ndarray,
-            read_inputs: Callable[[int], dict[str, np.ndarray]], write: Callable[[int, int, dict], None], *,
+def fan_out(models: UnitModels, plans: Sequence[Plan], units: list[Unit], init_times: np.ndarray,
+            read_inputs: Callable[[int], dict[str, np.ndarray]], write: Callable[[int, int, int, dict], None], *,
             actors: int, num_cpus: float, num_gpus: float, vendor: str = "any", device: str = "auto",
             max_restarts: int = 3,
             progress: Callable[[int], None] | None = None, on_started: Callable[[list[Any]], None] | None = None
             ) -> int:
-    """Compute `units` on `actors` replicas and `write(a, i, result)` each as it arrives; returns how many.
+    """Compute `units` (run, a, i) on `actors` replicas and `write(run, a, i, result)` each as it arrives;
+    returns how many. Unit (run, a, i) follows `plans[run]`; the plans may differ only in what they deny.
 
-    `read_inputs(a)` gives init a's inputs (read once, shared by its units through the object store).
-    `on_started(handles)` is called once the actors exist (tests kill one there).
+    `read_inputs(a)` gives init a's inputs, read once and shared by all its units through the object store
+    (so order the units init by init). `on_started(handles)` is called once the actors exist (tests kill one).
     """
     import ray
 
     if not units:
         return 0
+    if len({replace(p, deny=()) for p in plans}) > 1:
+        raise ValueError("fan_out: the runs' plans may differ only in their denied streams")
     actors = min(actors, len(units))
     check_fits(actors, num_cpus, num_gpus, vendor)
     ref = ray.put(models)
@@ -125,11 +133,11 @@ def fan_out(models: UnitModels, plan: Plan, units: list[Unit], init_times: np.nd
     placement = actor_options(num_gpus, vendor, key="workers.num_gpus")  # any: NVIDIA and AMD nodes at once
     cls = worker_class().options(num_cpus=num_cpus, max_restarts=max_restarts, max_task_retries=max_restarts,
                                  **placement)
-    handles = [cls.remote(plan, device, threads) for _ in range(actors)]
+    handles = [cls.remote(list(plans), device, threads) for _ in range(actors)]
     if on_started is not None:
         on_started(handles)
     remaining = {}  # init index -> units of it not yet submitted
-    for a, _ in units:
+    for _, a, _ in units:
         remaining[a] = remaining.get(a, 0) + 1
     inputs: dict[int, Any] = {}
     queue = list(units)
@@ -137,10 +145,10 @@ def fan_out(models: UnitModels, plan: Plan, units: list[Unit], init_times: np.nd
     load = [0] * actors
 
     def submit(k: int) -> None:
-        a, i = queue.pop(0)
+        run, a, i = queue.pop(0)
         if a not in inputs:
             inputs[a] = ray.put(read_inputs(a))
-        pending[handles[k].run.remote([ref], a, init_times[a], i, inputs[a])] = k
+        pending[handles[k].run.remote([ref], run, a, init_times[a], i, inputs[a])] = k
         load[k] += 1
         remaining[a] -= 1
         if not remaining[a]:
@@ -157,12 +165,12 @@ def fan_out(models: UnitModels, plan: Plan, units: list[Unit], init_times: np.nd
             k = pending.pop(ready)
             load[k] -= 1
             try:
-                a, i, result = ray.get(ready)
+                run, a, i, result = ray.get(ready)
             except ray.exceptions.RayActorError as e:
                 raise WxrayError(f"an ensemble actor died more than max_restarts={max_restarts} times "
                                  f"({type(e).__name__}); re-run into the same out_dir to continue from the "
                                  f"{done} unit(s) written") from None
-            write(a, i, result)
+            write(run, a, i, result)
             done += 1
             if progress is not None:
                 progress(1)

@@ -158,12 +158,13 @@ def ose(cfg: OSEConfig, ctx: JobContext) -> dict[str, Any]:
     streams = list(cfg.deny) or names
     if len(anchors) < MIN_SERIES_LENGTH:
         raise DataError(f"inits: {len(anchors)} init(s); the OSE intervals need at least {MIN_SERIES_LENGTH}")
-    series, dirs = {}, {}
-    for name, deny in {"baseline": (), **{s: (s,) for s in streams}}.items():
-        lay = replace(layout, plan=replace(layout.plan, deny=deny), attrs={**layout.attrs, "deny": ",".join(deny)})
-        say(f"OSE run {len(series) + 1}/{len(streams) + 1}: " + (f"denying {name}" if deny else "baseline"))
-        dirs[name] = "baseline" if not deny else f"deny_{name}"
-        series[name] = domain_series(run_members(cfg, ctx, models, lay, anchors, data, sub_dir=dirs[name]), lay)
+    runs = {"baseline": (), **{s: (s,) for s in streams}}
+    layouts = [replace(layout, plan=replace(layout.plan, deny=deny), attrs={**layout.attrs, "deny": ",".join(deny)})
+               for deny in runs.values()]
+    dirs = {name: "baseline" if not deny else f"deny_{name}" for name, deny in runs.items()}
+    say(f"OSE: a baseline and {len(streams)} denial run(s) ({', '.join(streams)}), their units in one fan-out")
+    paths = run_members(cfg, ctx, models, layouts, anchors, data, sub_dirs=list(dirs.values()))
+    series = {name: domain_series(p, lay) for name, p, lay in zip(runs, paths, layouts, strict=True)}
     hours = [float(k * layout.step / np.timedelta64(1, "h")) for k in range(cfg.lead_steps + 1)]
     table = change_table(series, streams, hours, cfg)
     with atomic_path(ctx.out_dir / "ose.csv") as tmp:
