@@ -9,6 +9,11 @@ import pytest
 
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+# Every Ray Train run here is seconds long: its controller polls the workers every 0.5 s, not 2 s (a run's end
+# is seen sooner), and starts no preemption-watcher actor (one process less per run; no test preempts a node).
+# Subprocess tests (sweep, elastic, job submit) inherit both.
+os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
+os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
 os.environ.pop("RAY_ADDRESS", None)
 
 
