@@ -16,6 +16,7 @@ from wxray.verify import (
     crps_ecdf,
     crps_fair,
     crps_field,
+    crps_field_nested,
     ensemble_mean_rmse,
     flatten_members,
     latitude_weights,
@@ -166,6 +167,50 @@ def test_branch_spread_skill_ratios_add_in_quadrature():
     out = nested_spread_skill(fc, truth, time_dims=["init_time"])
     total = float(out["ssr_total"])
     assert float(out["ssr_enc"]) ** 2 + float(out["ssr_drop"]) ** 2 == pytest.approx(total**2, rel=1e-12)
-    ratios = branch_spread_skill(np.array([0.0, 1.0]), np.array([1.0, 3.0]), np.array([2.0, 2.0]), 12)
+    ratios = branch_spread_skill((np.array([0.0, 1.0]), np.array([1.0, 3.0])), np.array([2.0, 2.0]), (3, 12))
     np.testing.assert_allclose(ratios["ssr_enc"] ** 2 + ratios["ssr_drop"] ** 2, ratios["ssr_total"] ** 2)
     assert 0 < float(out["rho_drop"]) < 1
+
+
+def _nested_generator(rng, m, n, n_init=64, s_enc=1.0, s_drop=0.5):
+    """x_ij = mu + a_i + e_ij and a truth drawn the same way: a calibrated nested ensemble (U_enc = s_enc^2,
+    U_drop = s_drop^2)."""
+    coords = {"init_time": pd.date_range("2020-01-01", periods=n_init, freq="6h"), "latitude": LAT,
+              "longitude": LON}
+    shape = (n_init, 16, 32)
+    mu = rng.standard_normal(shape)
+    a = s_enc * rng.standard_normal((m, 1, *shape))
+    fc = xr.DataArray(mu + a + s_drop * rng.standard_normal((m, n, *shape)),
+                      dims=("encoder_draw", "dropout_draw", *coords), coords=coords)
+    truth = xr.DataArray(mu + s_enc * rng.standard_normal(shape) + s_drop * rng.standard_normal(shape),
+                         dims=tuple(coords), coords=coords)
+    return fc, truth
+
+
+def test_nested_fair_crps_counts_only_independent_pairs():
+    rng = np.random.default_rng(11)
+    fc, truth = _nested_generator(rng, 3, 4, n_init=2)
+    got = crps_field_nested(fc, truth)
+    x, y = fc.values, truth.values
+    between = sum(np.abs(x[i, j] - x[k, q]) for i in range(3) for k in range(3) if i != k
+                  for j in range(4) for q in range(4)) / (3 * 2 * 16)
+    np.testing.assert_allclose(got.transpose(*truth.dims).values, np.abs(x - y).mean((0, 1)) - between / 2,
+                               rtol=1e-10)
+    # one member per encoder draw: the plain fair CRPS
+    np.testing.assert_allclose(crps_field_nested(fc.isel(dropout_draw=[0]), truth).values,
+                               crps_field(fc.isel(dropout_draw=0), truth, "encoder_draw").values, rtol=1e-12)
+
+
+def test_nested_scores_are_unbiased_where_pooled_members_are_not():
+    """At the analysis each encoder draw's N members coincide (no dropout spread): 2 x 4 members are 2 draws."""
+    rng = np.random.default_rng(12)
+    fc, truth = _nested_generator(rng, 2, 4, s_drop=0.0)
+    big, truth_big = _nested_generator(np.random.default_rng(13), 400, 1, n_init=4, s_drop=0.0)
+    reference = float(crps_field(big.isel(dropout_draw=0), truth_big, "encoder_draw").mean())  # ~ the true CRPS
+    nested = float(crps_field_nested(fc, truth).mean())
+    pooled = float(crps_field(fc, truth, ("encoder_draw", "dropout_draw")).mean())
+    assert nested == pytest.approx(reference, rel=0.03) and pooled > 1.1 * reference
+    # spread-skill: 1 for a calibrated nested ensemble (pooling the 8 members as exchangeable gives 0.66)
+    assert float(nested_spread_skill(fc, truth, time_dims=["init_time"])["ssr_total"]) == pytest.approx(1.0, abs=0.03)
+    fc, truth = _nested_generator(rng, 3, 4)
+    assert float(nested_spread_skill(fc, truth, time_dims=["init_time"])["ssr_total"]) == pytest.approx(1.0, abs=0.03)

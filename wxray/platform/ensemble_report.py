@@ -131,7 +131,7 @@ def analyse(layout: Layout, paths: dict[str, Path], truth_fn, scored_inits: np.n
                                     if c != "rho_drop"}}
     if len(scored_inits):
         like = xr.Dataset({v: part["mean"].sel({INIT: scored_inits}) for v, part in parts.items()})
-        table = scores(parts, truth_fn(like), k, forecast)
+        table = scores(parts, truth_fn(like), (p.members_m, p.members_m * p.members_n, k), forecast)
         report["scored_inits"] = int(len(scored_inits))
         for s in table["score"].values:
             report[str(s)] = per_channel(table, "score", str(s))

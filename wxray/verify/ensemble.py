@@ -208,15 +208,46 @@ def rank_histogram(forecast: xr.DataArray, truth: xr.DataArray, member_dim: Memb
     return out.rename("rank_histogram")
 
 
-def branch_spread_skill(mean_u_enc, mean_u_drop, mean_mse, n_members: int) -> dict[str, object]:
-    """Per-branch spread-skill ratios sharing the ensemble-mean RMSE as denominator.
+def nested_finite_factors(draws: Sequence[int]) -> list[float]:
+    """1 + 1 / (independent draws at each level): a nested ensemble of M encoder draws x N dropout members
+    (x R routing draws) has draws (M, M N[, M N R]). Its mean's error variance, if calibrated, is
+    sum_c U_c (1 + 1/draws_c): only the M draws carry the encoder spread into the mean, not all K = M N."""
+    return [1.0 + 1.0 / d for d in draws]
 
-    Each branch's spread is sqrt(U); the shared denominator and U_total = U_enc + U_drop make
-    ssr_enc^2 + ssr_drop^2 = ssr_total^2 exactly.
+
+def branch_spread_skill(components: Sequence, mean_mse, draws: Sequence[int]) -> dict[str, object]:
+    """Per-branch spread-skill ratios of a nested ensemble, sharing the ensemble-mean MSE as denominator.
+
+    ssr_c = sqrt((1 + 1/draws_c) U_c / MSE) for the components U_c (U_enc, U_drop[, U_route]) and their
+    independent draws (`nested_finite_factors`); ssr_total = sqrt(sum_c ssr_c^2), which is 1 for a
+    calibrated nested ensemble of any M, N (with N = 1 the usual sqrt((K+1)/K) spread / RMSE).
     """
-    return {"ssr_enc": spread_skill_from_means(mean_u_enc, mean_mse, n_members),
-            "ssr_drop": spread_skill_from_means(mean_u_drop, mean_mse, n_members),
-            "ssr_total": spread_skill_from_means(mean_u_enc + mean_u_drop, mean_mse, n_members)}
+    names = ("ssr_enc", "ssr_drop", "ssr_route")[: len(components)]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        sq = [f * u / mean_mse for f, u in zip(nested_finite_factors(draws), components, strict=True)]
+        return {**{n: np.sqrt(v) for n, v in zip(names, sq, strict=True)}, "ssr_total": np.sqrt(sum(sq))}
+
+
+def crps_field_nested(forecast: xr.DataArray, truth: xr.DataArray, group_dim: str = ENCODER_DRAW,
+                      skipna: bool = False) -> xr.DataArray:
+    """Fair CRPS of a nested ensemble: mean_k |x_k - y| - E|X - X'| / 2, where E|X - X'| is estimated from
+    the M (M-1) (NR)^2 pairs of members in different groups of `group_dim` only.
+
+    Members of one encoder draw share its analysis (at lead 0 they are one field), so pairs within a group
+    are not two independent draws from the forecast distribution, and the pooled fair CRPS, which counts
+    them, overstates the score of a nested ensemble. With one member per group this is the fair CRPS.
+    """
+    m = _require_members(forecast, group_dim, "nested fair CRPS")
+    replicates = [d for d in member_dims_of(forecast) if d != group_dim]
+    inner = flatten_members(forecast, replicates, "replicate") if replicates else forecast.expand_dims("replicate")
+    n = inner.sizes["replicate"]
+    if skipna:
+        valid = inner.notnull().all((group_dim, "replicate")) & truth.notnull()
+        inner, truth = inner.where(valid), truth.where(valid)
+    abs_term = abs(inner - truth).mean((group_dim, "replicate"), skipna=False)
+    within = _pairwise_abs_sum(inner, "replicate").sum(group_dim, skipna=False)
+    between = _pairwise_abs_sum(flatten_members(inner, (group_dim, "replicate")), MEMBER) - within
+    return (abs_term - between / (2.0 * m * (m - 1) * n * n)).rename("crps")
 
 
 def nested_spread_skill(forecast: xr.DataArray, truth: xr.DataArray, group_dim: str = ENCODER_DRAW,
@@ -224,9 +255,9 @@ def nested_spread_skill(forecast: xr.DataArray, truth: xr.DataArray, group_dim: 
                         region: RegionLike = None, skipna: bool = False) -> xr.Dataset:
     """ANOVA components (space- and time-averaged) with per-branch and total spread-skill ratios."""
     parts = nested_anova(forecast, group_dim, replicate_dim)
-    k = ensemble_size(forecast, (group_dim, replicate_dim))
+    m, n = forecast.sizes[group_dim], forecast.sizes[replicate_dim]
     u_enc = _time_mean(spatial_mean(parts["u_enc"], region, skipna), time_dims, skipna)
     u_drop = _time_mean(spatial_mean(parts["u_drop"], region, skipna), time_dims, skipna)
     err = mse(ensemble_mean(forecast, (group_dim, replicate_dim), skipna), truth, region, skipna)
-    ratios = branch_spread_skill(u_enc, u_drop, _time_mean(err, time_dims, skipna), k)
+    ratios = branch_spread_skill((u_enc, u_drop), _time_mean(err, time_dims, skipna), (m, m * n))
     return xr.Dataset({"u_enc": u_enc, "u_drop": u_drop, "rho_drop": u_drop / (u_enc + u_drop), **ratios})

@@ -72,8 +72,9 @@ def _root_mean(x: np.ndarray) -> np.ndarray:
     return np.sqrt(x.mean(axis=-1))
 
 
-def metrics_for(n_members: int, nested: bool, has_climatology: bool) -> list[Metric]:
-    """The metrics that apply to a forecast with K members (K = 1: deterministic)."""
+def metrics_for(n_members: int, nested: tuple[int, int] | None, has_climatology: bool) -> list[Metric]:
+    """The metrics that apply to a forecast with K members (K = 1: deterministic). `nested`: the independent
+    draws (M, M N) of a nested ensemble's two levels, whose spread is the ANOVA's U_enc + U_drop."""
     out = [Metric("rmse", ("mse",), _root_mean, loss="mse"), Metric("bias", ("bias",), _mean),
            Metric("mae", ("mae",), _mean, loss="mae")]
     if has_climatology:
@@ -84,13 +85,17 @@ def metrics_for(n_members: int, nested: bool, has_climatology: bool) -> list[Met
         def ssr(var, err):
             return ens.spread_skill_from_means(var.mean(-1), err.mean(-1), n_members)
 
-        out += [Metric("crps_ecdf", ("crps_ecdf",), _mean), Metric("spread", ("variance",), _root_mean),
-                Metric("ssr", ("variance", "mse"), ssr)]
+        out.append(Metric("crps_ecdf", ("crps_ecdf",), _mean))
+        if not nested:
+            out += [Metric("spread", ("variance",), _root_mean), Metric("ssr", ("variance", "mse"), ssr)]
     if nested:
         def branch(key):
             def f(u_enc, u_drop, err):
-                return ens.branch_spread_skill(u_enc.mean(-1), u_drop.mean(-1), err.mean(-1), n_members)[key]
+                return ens.branch_spread_skill((u_enc.mean(-1), u_drop.mean(-1)), err.mean(-1), nested)[key]
             return f
+
+        out += [Metric("spread", ("u_enc", "u_drop"), lambda a, b: np.sqrt((a + b).mean(-1))),
+                Metric("ssr", ("u_enc", "u_drop", "mse"), branch("ssr_total"))]
 
         def rho(u_enc, u_drop):
             with np.errstate(divide="ignore", invalid="ignore"):
@@ -115,16 +120,18 @@ def score_series(forecast: xr.DataArray, truth: xr.DataArray, climatology: xr.Da
     if member_dims:
         flat = ens.flatten_members(forecast, member_dims) if len(member_dims) > 1 else forecast
         dim = ens.MEMBER if len(member_dims) > 1 else member_dims[0]
-        field = ens.crps_field(flat, truth, dim, fair=True, skipna=skipna)
-        var = ens.ensemble_variance(flat, dim)
+        is_nested = set(member_dims) >= {ens.ENCODER_DRAW, ens.DROPOUT_DRAW}
+        field = (ens.crps_field_nested(forecast, truth, skipna=skipna) if is_nested
+                 else ens.crps_field(flat, truth, dim, fair=True, skipna=skipna))
         s["crps"] = spatial_mean(field, region, skipna)
         s["crps_ecdf"] = ens.crps_ecdf(flat, truth, dim, region, skipna)
-        s["variance"] = spatial_mean(var, region, skipna)
-        maps["spread_map"] = np.sqrt(var.mean(INIT, skipna=skipna))
+        if not is_nested:
+            var = ens.ensemble_variance(flat, dim)
+            s["variance"] = spatial_mean(var, region, skipna)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # scores warns on NaN members, already accounted for by skipna
             hist = ens.rank_histogram(flat, truth, dim, region=region)
-        if set(member_dims) >= {ens.ENCODER_DRAW, ens.DROPOUT_DRAW}:
+        if is_nested:
             nested, replicate = forecast, ens.DROPOUT_DRAW
             if ens.ROUTING_DRAW in member_dims:  # routing folded into the dropout level, as with R = 1
                 replicate = "dropout_routing"
@@ -132,6 +139,8 @@ def score_series(forecast: xr.DataArray, truth: xr.DataArray, climatology: xr.Da
             parts = ens.nested_anova(nested, ens.ENCODER_DRAW, replicate)
             s["u_enc"] = spatial_mean(parts["u_enc"], region, skipna)
             s["u_drop"] = spatial_mean(parts["u_drop"], region, skipna)
+            var = parts["u_enc"] + parts["u_drop"]  # a new member's variance, unbiased (not the pooled one)
+        maps["spread_map"] = np.sqrt(var.mean(INIT, skipna=skipna))
     else:
         field = abs(mean - truth)  # a deterministic forecast's CRPS: its absolute error
         s["crps"] = spatial_mean(field, region, skipna)
@@ -182,6 +191,12 @@ class Model:
 
     def n_members(self) -> int:
         return ens.ensemble_size(self.data, self.member_dims) if self.member_dims else 1
+
+    def nested_draws(self) -> tuple[int, int] | None:
+        """(M, M N R): independent draws of the encoder level and of the members (routing folded into dropout)."""
+        if not {ens.ENCODER_DRAW, ens.DROPOUT_DRAW} <= set(self.member_dims):
+            return None
+        return self.data.sizes[ens.ENCODER_DRAW], self.n_members()
 
     def check_members(self) -> None:
         if ens.MEMBER in self.member_dims and len(self.member_dims) > 1:
@@ -270,8 +285,7 @@ def build_scorecard(forecast: Model, truth: xr.Dataset, channels: list[Channel],
     cfg = _Settings(region, skipna, n_bootstrap, confidence, significance, method)
     inits, leads = forecast.data[INIT].values, forecast.data[LEAD].values
     has_clim = climatology is not None and all(ch.variable in climatology for ch in channels)
-    metric_sets = [metrics_for(m.n_members(), {ens.ENCODER_DRAW, ens.DROPOUT_DRAW} <= set(m.member_dims),
-                               has_clim) for m in models]
+    metric_sets = [metrics_for(m.n_members(), m.nested_draws(), has_clim) for m in models]
     shape = (len(channels), len(leads))
     rows: dict[str, list] = {}
     n_init, block = np.zeros(shape, dtype=np.int64), np.zeros(shape, dtype=np.int64)

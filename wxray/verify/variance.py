@@ -17,6 +17,8 @@ numbers to float tolerance.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import xarray as xr
 
@@ -29,7 +31,7 @@ from wxray.verify.anova import (
     nested_anova,
     nested_anova3,
 )
-from wxray.verify.ensemble import crps_fair, spread_skill_from_means
+from wxray.verify.ensemble import branch_spread_skill, crps_field_nested
 from wxray.verify.forecasts import INIT
 from wxray.verify.spatial import spatial_mean
 
@@ -82,10 +84,11 @@ def variance_curves(maps: xr.Dataset) -> xr.Dataset:
     return xr.Dataset(out)
 
 
-def scores(parts: dict[str, xr.Dataset], truth: xr.Dataset, n_members: int,
+def scores(parts: dict[str, xr.Dataset], truth: xr.Dataset, draws: Sequence[int],
            forecast: xr.Dataset | None = None) -> xr.Dataset:
     """Per variable and lead (and level), over the inits `truth` covers: ensemble-mean RMSE, spread-skill in
-    total and per branch, and the fair CRPS when the members (`forecast`) are given.
+    total and per branch, and the nested fair CRPS when the members (`forecast`) are given. `draws`: the
+    independent draws of each level, (M, M N[, M N R]) (`verify.ensemble.branch_spread_skill`).
 
     `truth` is on the forecast's (init_time, lead_time) grid (`verify.forecasts.truth_at` per lead)."""
     out = {}
@@ -96,14 +99,11 @@ def scores(parts: dict[str, xr.Dataset], truth: xr.Dataset, n_members: int,
         p = p.sel({INIT: inits})
         mse = spatial_mean((p["mean"] - truth[var]) ** 2).mean(INIT)
         stats = {"rmse": np.sqrt(mse)}
-        total = 0.0
-        for c in components(p):
-            u = spatial_mean(p[c]).mean(INIT)
-            total = total + u
-            stats[f"ssr_{BRANCHES[c]}"] = xr.DataArray(spread_skill_from_means(u, mse, n_members))
-        stats["ssr_total"] = xr.DataArray(spread_skill_from_means(total, mse, n_members))
+        names = components(p)
+        ratios = branch_spread_skill([spatial_mean(p[c]).mean(INIT) for c in names], mse, draws[: len(names)])
+        stats.update({k: xr.DataArray(v) for k, v in ratios.items()})
         if forecast is not None:
-            members = [d for d in (ENCODER_DRAW, DROPOUT_DRAW, ROUTING_DRAW) if d in forecast[var].dims]
-            stats["crps"] = crps_fair(forecast[var].sel({INIT: inits}), truth[var], members).mean(INIT)
+            field = crps_field_nested(forecast[var].sel({INIT: inits}), truth[var])
+            stats["crps"] = spatial_mean(field).mean(INIT)
         out[var] = xr.concat(list(stats.values()), dim="score").assign_coords(score=list(stats))
     return xr.Dataset(out)
