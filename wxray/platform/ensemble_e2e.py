@@ -36,7 +36,7 @@ from wxray.platform.e2e_eval import physical
 from wxray.platform.e2e_models import StationSet, build_encoder, next_state, obs_of, processor_input
 from wxray.platform.trainer_loop import build_forecaster
 
-ENCODER_SOURCE, DROPOUT_SOURCE = 1, 2
+ENCODER_SOURCE, DROPOUT_SOURCE, ROUTING_SOURCE = 1, 2, 3
 
 
 def draw_seed(seed: int, init_time: np.datetime64, *coords: int) -> int:

@@ -30,12 +30,10 @@ import xarray as xr
 from wxray.models import RowGenerators, mc_dropout, tile_members
 from wxray.platform.e2e_eval import physical
 from wxray.platform.e2e_models import StationSet, next_state, obs_of, processor_input
-from wxray.platform.ensemble_e2e import DROPOUT_SOURCE, ENCODER_SOURCE, draw_seed
+from wxray.platform.ensemble_e2e import DROPOUT_SOURCE, ENCODER_SOURCE, ROUTING_SOURCE, draw_seed
 from wxray.platform.rollout import LEAD
 from wxray.platform.windows import WindowSpec
 from wxray.verify.anova import DROPOUT_DRAW, MOMENT, ROUTING_DRAW, group_moments
-
-ROUTING_SOURCE = 3
 
 
 @dataclass(frozen=True)

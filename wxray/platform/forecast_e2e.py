@@ -33,6 +33,7 @@ from wxray.data.schema import TIME, open_climatology, open_store
 from wxray.errors import CheckpointError, ConfigError, DataError
 from wxray.io import atomic_path
 from wxray.job import JobConfig, JobContext, say
+from wxray.models import RowGenerators
 from wxray.platform import checkpoints
 from wxray.platform.checkpoint_forecast import load_forecaster
 from wxray.platform.e2e import trained_stage
@@ -48,7 +49,7 @@ from wxray.platform.e2e_models import (
     processor_input,
     stage_identity,
 )
-from wxray.platform.ensemble_e2e import describe, load_stochastic, nested, run_ensemble
+from wxray.platform.ensemble_e2e import ROUTING_SOURCE, describe, draw_seed, load_stochastic, nested, run_ensemble
 from wxray.platform.forecast import resolve_device
 from wxray.platform.rollout import INIT, LEAD, rollout_anchors, to_forecast_dataset, write_forecast
 from wxray.platform.rollout_scores import log_report, rollout_report
@@ -67,7 +68,8 @@ class ForecastE2EConfig(JobConfig):
     members_m: PosInt = 1  # encoder noise draws M (needs jobs/finetune_stochastic.py stage=encoder)
     members_n: PosInt = 1  # dropout members N per draw (the finetuned stochastic processor, or dropout > 0)
     dropout: Annotated[float, Range(-1, 1, hi_open=True)] = -1.0  # inference dropout p; -1 = as finetuned
-    seed: Seed = 0  # member (i, j) of init t draws from SeedSequence([seed, t, source, i(, j)]) (ensemble_e2e.py)
+    seed: Seed = 0  # member (i, j) of init t draws from SeedSequence([seed, t, source, i(, j)]); random routing of a
+    # deterministic forecast from [seed, t, 3] (ensemble_e2e.py)
     batch_size: PosInt = 8  # inits per forward (each with its M x N members)
     device: str = "auto"  # auto (a GPU when there is one), cpu, cuda, cuda:1; must exist on this machine
 
@@ -159,9 +161,11 @@ def station_table(data: E2EData) -> pd.DataFrame:
 
 @torch.no_grad()
 def run_forecast(data: E2EData, encoder, processor, decoder, anchors: np.ndarray, steps: int, deny, batch_size: int,
-                 device) -> tuple[np.ndarray, np.ndarray | None]:
+                 device, init_times: np.ndarray, seed: int = 0) -> tuple[np.ndarray, np.ndarray | None]:
     """(n_init, steps + 1, V, kept grid) physical states, lead 0 the analysis; station values (n_init, steps + 1,
-    n_station, V_station) in physical units, or None without a decoder."""
+    n_station, V_station) in physical units, or None without a decoder. A processor that routes tokens at random
+    draws its selection of init t from SeedSequence([seed, t, 3]), lead step by lead step: the forecast of any
+    init is reproducible alone, whatever the global RNG's state."""
     spec, n = data.spec, len(data.spec.inputs)
     reader = E2EReader(data.spec, data.obs)
     out = np.zeros((len(anchors), steps + 1, n, *spec.kept_grid), np.float32)
@@ -176,10 +180,11 @@ def run_forecast(data: E2EData, encoder, processor, decoder, anchors: np.ndarray
     for i in range(0, len(anchors), batch_size):
         rows = slice(i, i + batch_size)
         b = {k: torch.from_numpy(np.asarray(v)).to(device) for k, v in reader.inputs(anchors[rows]).items()}
+        routes = RowGenerators.from_seeds([draw_seed(seed, t, ROUTING_SOURCE) for t in init_times[rows]])
         z = encoder(obs_of(b), b["static"], deny=tuple(deny))
         for k in range(steps + 1):
             if k:
-                z = next_state(spec, z, processor(processor_input(z, b["x"], n)))
+                z = next_state(spec, z, processor(processor_input(z, b["x"], n), generator=routes))
             out[rows, k] = physical(spec, z.cpu()).numpy()
             if st is not None:
                 st[rows, k] = at.decode(decoder, z).numpy()
@@ -224,7 +229,7 @@ def forecast_e2e(cfg: ForecastE2EConfig, ctx: JobContext) -> dict[str, Any]:
         members, extra = list(range(m * n)), describe(m, n, p, cfg.seed)
     else:
         fields, stations = run_forecast(data, encoder, processor, decoder, anchors, cfg.steps, cfg.deny,
-                                        cfg.batch_size, device)
+                                        cfg.batch_size, device, ds[TIME].values[anchors], cfg.seed)
     forecast = to_forecast_dataset(fields, data.spec, ds, anchors, members)
     step = forecast[LEAD].values[0]
     forecast = forecast.assign_coords({LEAD: forecast[LEAD].values - step})  # lead 0 is the analysis
