@@ -68,8 +68,7 @@ class ForecastE2EConfig(JobConfig):
     members_m: PosInt = 1  # encoder noise draws M (needs jobs/finetune_stochastic.py stage=encoder)
     members_n: PosInt = 1  # dropout members N per draw (the finetuned stochastic processor, or dropout > 0)
     dropout: Annotated[float, Range(-1, 1, hi_open=True)] = -1.0  # inference dropout p; -1 = as finetuned
-    seed: Seed = 0  # member (i, j) of init t draws from SeedSequence([seed, t, source, i(, j)]); random routing of a
-    # deterministic forecast from [seed, t, 3] (ensemble_e2e.py)
+    seed: Seed = 0  # init t's draws (members, random routing): SeedSequence([seed, t, source, ...]) (ensemble_e2e.py)
     batch_size: PosInt = 8  # inits per forward (each with its M x N members)
     device: str = "auto"  # auto (a GPU when there is one), cpu, cuda, cuda:1; must exist on this machine
 
@@ -211,6 +210,7 @@ def forecast_e2e(cfg: ForecastE2EConfig, ctx: JobContext) -> dict[str, Any]:
     anchors = choose_inits(data, cfg.inits, cfg.steps)
     device = resolve_device(cfg.device)
     ds = open_store(data.spec.store)
+    init_times = ds[TIME].values[anchors]
     tracker = ctx.tracker
     if decoder is None:
         say(f"no decoder stage under {cfg.stages}: gridded forecasts only")
@@ -229,7 +229,7 @@ def forecast_e2e(cfg: ForecastE2EConfig, ctx: JobContext) -> dict[str, Any]:
         members, extra = list(range(m * n)), describe(m, n, p, cfg.seed)
     else:
         fields, stations = run_forecast(data, encoder, processor, decoder, anchors, cfg.steps, cfg.deny,
-                                        cfg.batch_size, device, ds[TIME].values[anchors], cfg.seed)
+                                        cfg.batch_size, device, init_times, cfg.seed)
     forecast = to_forecast_dataset(fields, data.spec, ds, anchors, members)
     step = forecast[LEAD].values[0]
     forecast = forecast.assign_coords({LEAD: forecast[LEAD].values - step})  # lead 0 is the analysis
@@ -248,7 +248,7 @@ def forecast_e2e(cfg: ForecastE2EConfig, ctx: JobContext) -> dict[str, Any]:
     if stations is not None:
         table, values = stations
         lead_hours = [int(round(h)) for h in forecast[LEAD].values / np.timedelta64(1, "h")]
-        st_path = write_stations(Path(ctx.out_dir) / "stations.parquet", table, values, ds[TIME].values[anchors],
+        st_path = write_stations(Path(ctx.out_dir) / "stations.parquet", table, values, init_times,
                                  lead_hours, data.station_variables)
         result["stations"] = str(st_path)
         result["station_scores"] = score_stations(st_path, forecast, data, tracker)

@@ -71,7 +71,7 @@ def _require_members(da: xr.DataArray, dim: str, what: str) -> int:
     return k
 
 
-def _paired(forecast: xr.DataArray, truth: xr.DataArray, dim: str,
+def _paired(forecast: xr.DataArray, truth: xr.DataArray, dim: str | tuple[str, ...],
             skipna: bool) -> tuple[xr.DataArray, xr.DataArray]:
     # A point counts only where the truth and every member are present, so that a missing member does
     # not silently turn a K-member CRPS into a (K-1)-member one at some points.
@@ -241,9 +241,7 @@ def crps_field_nested(forecast: xr.DataArray, truth: xr.DataArray, group_dim: st
     replicates = [d for d in member_dims_of(forecast) if d != group_dim]
     inner = flatten_members(forecast, replicates, "replicate") if replicates else forecast.expand_dims("replicate")
     n = inner.sizes["replicate"]
-    if skipna:
-        valid = inner.notnull().all((group_dim, "replicate")) & truth.notnull()
-        inner, truth = inner.where(valid), truth.where(valid)
+    inner, truth = _paired(inner, truth, (group_dim, "replicate"), skipna)
     abs_term = abs(inner - truth).mean((group_dim, "replicate"), skipna=False)
     within = _pairwise_abs_sum(inner, "replicate").sum(group_dim, skipna=False)
     between = _pairwise_abs_sum(flatten_members(inner, (group_dim, "replicate")), MEMBER) - within

@@ -82,12 +82,12 @@ def metrics_for(n_members: int, nested: tuple[int, int] | None, has_climatology:
     out += [Metric("ssim", ("ssim",), _mean, loss="ssim", higher_is_better=True),
             Metric("crps", ("crps",), _mean, loss="crps")]
     if n_members >= 2:
+        out.append(Metric("crps_ecdf", ("crps_ecdf",), _mean))
+    if n_members >= 2 and not nested:
         def ssr(var, err):
             return ens.spread_skill_from_means(var.mean(-1), err.mean(-1), n_members)
 
-        out.append(Metric("crps_ecdf", ("crps_ecdf",), _mean))
-        if not nested:
-            out += [Metric("spread", ("variance",), _root_mean), Metric("ssr", ("variance", "mse"), ssr)]
+        out += [Metric("spread", ("variance",), _root_mean), Metric("ssr", ("variance", "mse"), ssr)]
     if nested:
         def branch(key):
             def f(u_enc, u_drop, err):
