@@ -272,13 +272,15 @@ def test_ensemble_and_ose_jobs_on_actors(chain, tmp_path, capsys):
     assert "ensemble/rho_drop/geopotential" in run.data.metrics
 
     res = _run("ose", OSEConfig, ose, [*common, "inits=2000-01-01T06/2000-01-02T00", "deny=[stations]",
-                                       "n_resamples=200", f"out_dir={tmp_path / 'ose'}", "tracking.enabled=false",
-                                       "plots=false"])
+                                       "members.R=2", "n_resamples=200", f"out_dir={tmp_path / 'ose'}",
+                                       "tracking.enabled=false", "plots=false"])
     assert res["ranking"] == ["stations"] and set(res["runs"]) == {"baseline", "stations"}
-    est, lo, hi = res["changes"]["stations"]["u_enc"]
-    assert lo <= est <= hi and np.isfinite([est, lo, hi]).all()
+    for component in ("u_enc", "u_drop", "u_route"):  # routing a level of its own: U_drop is dropout alone
+        est, lo, hi = res["changes"]["stations"][component]
+        assert lo <= est <= hi and np.isfinite([est, lo, hi]).all()
     table = pd.read_csv(res["table"])
-    assert set(table.component) == {"u_enc", "u_drop"} and len(table) == 2 * 2
+    assert set(table.component) == {"u_enc", "u_drop", "u_route"} and len(table) == 3 * 2
+    assert res["baseline_rho_drop"][0] == res["baseline_rho_route"][0] == 0.0  # the processor has not run yet
 
     # bad input: one line, exit 2, nothing written
     capsys.readouterr()

@@ -367,20 +367,37 @@ def test_a_baseline_on_fewer_points_than_the_forecast_is_refused(store_path, tmp
     assert not (tmp_path / "r").exists()
 
 
-def test_a_routing_level_is_folded_into_the_dropout_level_of_the_scorecard(store_path):
-    """jobs/ensemble.py members.R > 1 writes a routing_draw dim: the scorecard's two-branch split treats
-    (dropout_draw, routing_draw) as the dropout level, exactly as an ensemble of N * R dropout members."""
-    from wxray.verify.forecasts import truth_at
-    from wxray.verify.scorecard import score_series
+def test_a_routing_level_is_a_third_branch_of_the_scorecard():
+    """jobs/ensemble.py members.R > 1 writes a routing_draw dim: the scorecard splits it off as U_route (three
+    levels), recovering known components of a calibrated synthetic nested ensemble, with a total spread-skill
+    of 1 when each level is weighted by its own independent draws (M, M N, M N R)."""
+    from wxray.verify.scorecard import metrics_for, score_series
 
-    ds = open_store(store_path)
-    inits = ds.time.values[:6]
-    flat = nested_forecast(ds, inits, [6], m=3, n=4)["geopotential"].isel(lead_time=0, level=0)
-    truth = truth_at(ds.geopotential.isel(level=0), inits, np.timedelta64(6, "h"), "truth")
-    routed = xr.DataArray(flat.values.reshape(*flat.shape[:2], 2, 2, *flat.shape[3:]),
-                          dims=("init_time", "encoder_draw", "dropout_draw", "routing_draw", *flat.dims[3:]),
-                          coords={k: v for k, v in flat.coords.items() if k not in ("dropout_draw",)})
-    a, *_ = score_series(flat, truth, None, ("encoder_draw", "dropout_draw"), None, False)
-    b, *_ = score_series(routed, truth, None, ("encoder_draw", "dropout_draw", "routing_draw"), None, False)
-    for key in ("u_enc", "u_drop", "crps", "mse"):
-        np.testing.assert_allclose(b[key], a[key], rtol=1e-6)
+    rng = np.random.default_rng(5)
+    m, n, r, inits, s2 = 3, 4, 2, 24, (0.5, 0.3, 0.2)
+    grid = {"latitude": np.linspace(-80, 80, 32), "longitude": np.arange(64) * 5.625}
+    shape = (inits, 32, 64)
+    a = rng.normal(0, np.sqrt(s2[0]), (m + 1, *shape))
+    b = rng.normal(0, np.sqrt(s2[1]), (m + 1, n, *shape))
+    e = rng.normal(0, np.sqrt(s2[2]), (m + 1, n, r, *shape))
+    y = a[:, None, None] + b[:, :, None] + e  # (M + 1, N, R, init, lat, lon); the last group is the truth
+    coords = {"init_time": pd.date_range("2020-01-01", periods=inits, freq="6h"), **grid}
+    dims = ("encoder_draw", "dropout_draw", "routing_draw", "init_time", *grid)
+    forecast = xr.DataArray(y[:m], dims=dims, coords=coords, name="t")
+    truth = xr.DataArray(y[m, 0, 0], dims=dims[3:], coords=coords, name="t")
+    member_dims = ("encoder_draw", "dropout_draw", "routing_draw")
+    series, *_ = score_series(forecast, truth, None, member_dims, None, False)
+    for u, expected in zip(("u_enc", "u_drop", "u_route"), s2, strict=True):
+        np.testing.assert_allclose(series[u].mean(), expected, rtol=0.05, err_msg=u)  # folded: U_enc +9%
+    metrics = {k.name: k for k in metrics_for(m * n * r, (m, m * n, m * n * r), False)}
+    assert {"u_route", "rho_route", "ssr_route"} <= metrics.keys()
+    ratio = metrics["ssr_total"].aggregate(*(series[k] for k in metrics["ssr_total"].inputs))
+    np.testing.assert_allclose(ratio, 1.0, atol=0.03)  # the mean's error carries sum_c U_c (1 + 1/draws_c)
+    branches = [metrics[k].aggregate(*(series[i] for i in metrics[k].inputs)) for k in ("ssr_enc", "ssr_drop",
+                                                                                       "ssr_route")]
+    np.testing.assert_allclose(sum(v**2 for v in branches), ratio**2, rtol=1e-10)
+    # the nested CRPS and the mean's error do not depend on how the inner levels are read
+    folded = forecast.stack(d=("dropout_draw", "routing_draw")).drop_vars(["d", "dropout_draw", "routing_draw"])
+    two, *_ = score_series(folded.rename(d="dropout_draw"), truth, None, member_dims[:2], None, False)
+    for key in ("crps", "mse"):
+        np.testing.assert_allclose(series[key], two[key], rtol=1e-6)

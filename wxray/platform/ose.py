@@ -6,16 +6,18 @@
 A baseline ensemble, then one rerun per stream with that stream's encoder embedding zeroed (`deny`), each
 fanned out on Ray actors like `jobs/ensemble.py` and sharing every draw with the baseline (common random
 numbers: the draws depend on (seed, init, i, j, k) only), so the differences are the stream's alone and
-not sampling noise. Per stream and lead, for U in (U_enc, U_drop):
+not sampling noise. Per stream and lead, for U in (U_enc, U_drop[, U_route]):
 
     change = mean over channels c of ( mean_t U_c^denied(t) / mean_t U_c^baseline(t) ) - 1
 
 with U_c(t) the latitude-weighted domain mean at init t; its confidence interval from a paired circular
 block bootstrap over inits (the same resampled inits for both runs, `verify.inference.block_bootstrap`).
 A stream the encoder leans on raises U_enc when withheld (the analysis is less certain); U_drop, the
-processor's own uncertainty, should move much less. Streams are ranked by their U_enc change at
-`rank_lead`. Outputs: `<out>/baseline`, `<out>/deny_<stream>` (each an ensemble run's stores),
-ose.csv, plots/ose_ranking.png, plots/ose_leads.png, MLflow metrics `ose/<stream>/<u>` per lead.
+processor's own uncertainty, should move much less. With `members.R` > 1 the processor's random token
+selection is a level of its own, so U_drop is the dropout share alone (as in the paper, whose processor
+does not route) and U_route is reported beside it; with R = 1 the routing draw rides in U_drop. Streams
+are ranked by their U_enc change at `rank_lead`. Outputs: `<out>/baseline`, `<out>/deny_<stream>` (each an
+ensemble run's stores), ose.csv, plots/ose_ranking.png, plots/ose_leads.png, MLflow metrics `ose/<stream>/<u>` per lead.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from wxray.platform.rollout import INIT, LEAD
 from wxray.verify.inference import MIN_SERIES_LENGTH, block_bootstrap, correlation_length
 from wxray.verify.spatial import spatial_mean
 
-COMPONENTS = ("u_enc", "u_drop")
+COMPONENTS = ("u_enc", "u_drop", "u_route")
 
 
 @dataclass
@@ -59,10 +61,15 @@ class OSEConfig(EnsembleConfig):
             raise ConfigError(f"rank_lead={self.rank_lead}: must lie in [0, lead_steps={self.lead_steps}]")
 
 
+def components(members_r: int) -> tuple[str, ...]:
+    """The variance components an OSE compares: U_route only where routing is a level (R > 1)."""
+    return COMPONENTS if members_r > 1 else COMPONENTS[:2]
+
+
 def domain_series(paths: dict, layout) -> dict[str, dict[str, np.ndarray]]:
     """{component: {channel: (lead, init) domain means}} of one run's finished stores."""
     _, parts = load_split(layout, paths)
-    out: dict[str, dict[str, np.ndarray]] = {c: {} for c in (*COMPONENTS, "u_total")}
+    out: dict[str, dict[str, np.ndarray]] = {c: {} for c in (*components(layout.plan.members_r), "u_total")}
     for var, part in parts.items():
         for c in out:
             mean = spatial_mean(part[c])
@@ -102,7 +109,7 @@ def relative_change(base: dict[str, np.ndarray], denied: dict[str, np.ndarray], 
 def change_table(series: dict[str, dict], streams: list[str], hours: list[float], cfg: OSEConfig) -> pd.DataFrame:
     rows = []
     for s in streams:
-        for c in COMPONENTS:
+        for c in components(cfg.members.R):
             est, lo, hi = relative_change(series["baseline"][c], series[s][c], cfg.n_resamples, cfg.confidence,
                                           cfg.seed)
             rows += [{"stream": s, "component": c, "lead_hours": h, "change": e, "lower": a, "upper": b}
@@ -116,15 +123,17 @@ def plot_ose(table: pd.DataFrame, ranking: list[str], rank_hours: float, folder)
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    comps = [c for c in COMPONENTS if c in set(table.component)]
     folder.mkdir(parents=True, exist_ok=True)
     at = table[table.lead_hours == rank_hours].set_index(["stream", "component"])
     fig, ax = plt.subplots(figsize=(1.2 * len(ranking) + 2.5, 3.2), constrained_layout=True)
     x = np.arange(len(ranking))
-    for k, (c, color) in enumerate(zip(COMPONENTS, ("tab:blue", "tab:orange"), strict=True)):
+    width = 0.8 / len(comps)
+    for k, (c, color) in enumerate(zip(comps, ("tab:blue", "tab:orange", "tab:green"), strict=False)):
         est = np.array([at.loc[(s, c), "change"] for s in ranking]) * 100
         err = np.array([[at.loc[(s, c), "change"] - at.loc[(s, c), "lower"],
                          at.loc[(s, c), "upper"] - at.loc[(s, c), "change"]] for s in ranking]).T * 100
-        ax.bar(x + (k - 0.5) * 0.38, est, 0.38, yerr=err, color=color, capsize=3, label=c)
+        ax.bar(x + (k - (len(comps) - 1) / 2) * width, est, width, yerr=err, color=color, capsize=3, label=c)
     ax.axhline(0, color="k", lw=0.8)
     ax.set_xticks(x, ranking, rotation=20)
     ax.set_ylabel("change when denied (%)")
@@ -133,8 +142,8 @@ def plot_ose(table: pd.DataFrame, ranking: list[str], rank_hours: float, folder)
     paths = [folder / "ose_ranking.png"]
     fig.savefig(paths[0], dpi=90)
     plt.close(fig)
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.2), constrained_layout=True)
-    for ax, c in zip(axes, COMPONENTS, strict=True):
+    fig, axes = plt.subplots(1, len(comps), figsize=(4.5 * len(comps), 3.2), constrained_layout=True)
+    for ax, c in zip(axes, comps, strict=True):
         for s in ranking:
             part = table[(table.stream == s) & (table.component == c)]
             ax.plot(part.lead_hours, part.change * 100, marker="o", label=s)
@@ -182,15 +191,16 @@ def ose(cfg: OSEConfig, ctx: JobContext) -> dict[str, Any]:
         for path in plot_ose(table, ranking, rank_hours, ctx.out_dir / "plots"):
             tracker.log_artifact(path, "plots")
     base = series["baseline"]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        rho = np.nanmean([base["u_drop"][c].mean(-1) / base["u_total"][c].mean(-1) for c in base["u_drop"]], axis=0)
+    with np.errstate(divide="ignore", invalid="ignore"):  # a channel without spread: 0/0
+        rho = {f"baseline_rho_{c[2:]}": [round(float(v), 4) for v in np.nanmean(
+            [base[c][ch].mean(-1) / base["u_total"][ch].mean(-1) for ch in base[c]], axis=0)]
+            for c in components(cfg.members.R)[1:]}
     at_rank = table[table.lead_hours == rank_hours].set_index(["stream", "component"])
     changes = {s: {c: [round(float(at_rank.loc[(s, c), k]), 4) for k in ("change", "lower", "upper")]
-                   for c in COMPONENTS} for s in streams}
+                   for c in components(cfg.members.R)} for s in streams}
     say(f"streams by U_enc change at +{rank_hours:g} h: "
         + ", ".join(f"{s} {changes[s]['u_enc'][0]:+.0%}" for s in ranking))
-    return {"ranking": ranking, "rank_lead_hours": rank_hours, "changes": changes,
-            "baseline_rho_drop": [round(float(v), 4) for v in rho], "lead_hours": hours,
+    return {"ranking": ranking, "rank_lead_hours": rank_hours, "changes": changes, **rho, "lead_hours": hours,
             "runs": {k: str(ctx.out_dir / v) for k, v in dirs.items()}, "table": str(ctx.out_dir / "ose.csv"),
             "inits": int(len(anchors)), "members": {"M": cfg.members.M, "N": cfg.members.N, "R": cfg.members.R},
             "checkpoints": used}

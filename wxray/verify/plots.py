@@ -30,12 +30,14 @@ from wxray.data.schema import LAT, LON
 LEAD = "lead_time"
 MAX_LEADS_SHOWN = 4  # leads shown in map and rank-histogram grids
 MAX_LEAD_TICKS = 12
-LINE_METRICS = ("rmse", "bias", "mae", "acc", "ssim", "crps", "spread", "rho_drop")
+LINE_METRICS = ("rmse", "bias", "mae", "acc", "ssim", "crps", "spread", "rho_drop", "rho_route")
 HEATMAP_METRICS = ("rmse", "crps")  # CRPS only for an ensemble (a one-member CRPS is the MAE)
 NAMES = {"rmse": "RMSE", "bias": "bias (forecast - truth)", "mae": "MAE", "acc": "ACC", "ssim": "SSIM",
          "crps": "CRPS", "crps_ecdf": "CRPS (ECDF)", "spread": "ensemble spread", "ssr": "spread-skill ratio",
-         "rho_drop": "dropout share of variance", "u_enc": "U_enc", "u_drop": "U_drop"}
-UNIT_POWER = {"rmse": 1, "bias": 1, "mae": 1, "crps": 1, "crps_ecdf": 1, "spread": 1, "u_enc": 2, "u_drop": 2}
+         "rho_drop": "dropout share of variance", "rho_route": "routing share of variance", "u_enc": "U_enc",
+         "u_drop": "U_drop", "u_route": "U_route"}
+UNIT_POWER = {"rmse": 1, "bias": 1, "mae": 1, "crps": 1, "crps_ecdf": 1, "spread": 1, "u_enc": 2, "u_drop": 2,
+              "u_route": 2}
 DOT = "significant (Diebold-Mariano, p < {:g})"
 
 
@@ -145,8 +147,9 @@ def plot_spread_skill(ds: xr.Dataset) -> Figure:
     channels = ds["channel"].values
     fig, axes = _figure(*_grid(len(channels)))
     x = _hours(ds)
-    kinds = [("ssr", "total", "tab:blue"), ("ssr_total", "U_enc + U_drop", "tab:purple"),
-             ("ssr_enc", "encoder branch", "tab:orange"), ("ssr_drop", "dropout branch", "tab:green")]
+    kinds = [("ssr", "total", "tab:blue"), ("ssr_total", "all branches", "tab:purple"),
+             ("ssr_enc", "encoder branch", "tab:orange"), ("ssr_drop", "dropout branch", "tab:green"),
+             ("ssr_route", "routing branch", "tab:red")]
     for ax, ch in zip(axes.flat, channels):
         for metric, label, color in kinds:
             if metric in ds["metric"].values:

@@ -38,6 +38,7 @@ from wxray.data.schema import LAT, LON, Channel, select_channel
 from wxray.errors import DataError
 from wxray.verify import deterministic as det
 from wxray.verify import ensemble as ens
+from wxray.verify.anova import nested_anova3
 from wxray.verify.forecasts import INIT, LEAD, truth_at
 from wxray.verify.inference import (
     DEFAULT_METHOD,
@@ -52,6 +53,7 @@ from wxray.verify.inference import (
 )
 from wxray.verify.spatial import spatial_mean
 
+NESTED_PARTS = ("u_enc", "u_drop", "u_route")  # the ANOVA's components, outermost level first
 REL_DIFF_CONVENTION = "forecast / baseline - 1; negative is better for rmse/mae/crps, positive for acc/ssim"
 
 
@@ -72,9 +74,10 @@ def _root_mean(x: np.ndarray) -> np.ndarray:
     return np.sqrt(x.mean(axis=-1))
 
 
-def metrics_for(n_members: int, nested: tuple[int, int] | None, has_climatology: bool) -> list[Metric]:
+def metrics_for(n_members: int, nested: tuple[int, ...] | None, has_climatology: bool) -> list[Metric]:
     """The metrics that apply to a forecast with K members (K = 1: deterministic). `nested`: the independent
-    draws (M, M N) of a nested ensemble's two levels, whose spread is the ANOVA's U_enc + U_drop."""
+    draws of a nested ensemble's levels, (M, M N) or with a routing level (M, M N, M N R); its spread is
+    the ANOVA's U_enc + U_drop [+ U_route]."""
     out = [Metric("rmse", ("mse",), _root_mean, loss="mse"), Metric("bias", ("bias",), _mean),
            Metric("mae", ("mae",), _mean, loss="mae")]
     if has_climatology:
@@ -89,22 +92,25 @@ def metrics_for(n_members: int, nested: tuple[int, int] | None, has_climatology:
 
         out += [Metric("spread", ("variance",), _root_mean), Metric("ssr", ("variance", "mse"), ssr)]
     if nested:
+        parts = NESTED_PARTS[: len(nested)]
+
         def branch(key):
-            def f(u_enc, u_drop, err):
-                return ens.branch_spread_skill((u_enc.mean(-1), u_drop.mean(-1)), err.mean(-1), nested)[key]
+            def f(*a):
+                return ens.branch_spread_skill([u.mean(-1) for u in a[:-1]], a[-1].mean(-1), nested)[key]
             return f
 
-        out += [Metric("spread", ("u_enc", "u_drop"), lambda a, b: np.sqrt((a + b).mean(-1))),
-                Metric("ssr", ("u_enc", "u_drop", "mse"), branch("ssr_total"))]
+        def share(k):
+            def f(*us):
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    return us[k].mean(-1) / sum(u.mean(-1) for u in us)
+            return f
 
-        def rho(u_enc, u_drop):
-            with np.errstate(divide="ignore", invalid="ignore"):
-                return u_drop.mean(-1) / (u_enc.mean(-1) + u_drop.mean(-1))
-
-        out += [Metric("u_enc", ("u_enc",), _mean), Metric("u_drop", ("u_drop",), _mean),
-                Metric("rho_drop", ("u_enc", "u_drop"), rho)]
-        out += [Metric(k, ("u_enc", "u_drop", "mse"), branch(k))
-                for k in ("ssr_enc", "ssr_drop", "ssr_total")]
+        out += [Metric("spread", parts, lambda *us: np.sqrt(sum(us).mean(-1))),
+                Metric("ssr", (*parts, "mse"), branch("ssr_total"))]
+        out += [Metric(u, (u,), _mean) for u in parts]
+        out += [Metric(f"rho_{u[2:]}", parts, share(k)) for k, u in enumerate(parts) if k]
+        out += [Metric(f"ssr_{u[2:]}", (*parts, "mse"), branch(f"ssr_{u[2:]}")) for u in parts]
+        out.append(Metric("ssr_total", (*parts, "mse"), branch("ssr_total")))
     return out
 
 
@@ -132,14 +138,13 @@ def score_series(forecast: xr.DataArray, truth: xr.DataArray, climatology: xr.Da
             warnings.simplefilter("ignore")  # scores warns on NaN members, already accounted for by skipna
             hist = ens.rank_histogram(flat, truth, dim, region=region)
         if is_nested:
-            nested, replicate = forecast, ens.DROPOUT_DRAW
-            if ens.ROUTING_DRAW in member_dims:  # routing folded into the dropout level, as with R = 1
-                replicate = "dropout_routing"
-                nested = ens.flatten_members(forecast, (ens.DROPOUT_DRAW, ens.ROUTING_DRAW), replicate)
-            parts = ens.nested_anova(nested, ens.ENCODER_DRAW, replicate)
-            s["u_enc"] = spatial_mean(parts["u_enc"], region, skipna)
-            s["u_drop"] = spatial_mean(parts["u_drop"], region, skipna)
-            var = parts["u_enc"] + parts["u_drop"]  # a new member's variance, unbiased (not the pooled one)
+            routed = ens.ROUTING_DRAW in member_dims
+            parts = (nested_anova3(forecast, (ens.ENCODER_DRAW, ens.DROPOUT_DRAW, ens.ROUTING_DRAW)) if routed
+                     else ens.nested_anova(forecast, ens.ENCODER_DRAW, ens.DROPOUT_DRAW))
+            names = NESTED_PARTS[: 3 if routed else 2]
+            for u in names:
+                s[u] = spatial_mean(parts[u], region, skipna)
+            var = sum(parts[u] for u in names)  # a new member's variance, unbiased (not the pooled one)
         maps["spread_map"] = np.sqrt(var.mean(INIT, skipna=skipna))
     else:
         field = abs(mean - truth)  # a deterministic forecast's CRPS: its absolute error
@@ -192,11 +197,12 @@ class Model:
     def n_members(self) -> int:
         return ens.ensemble_size(self.data, self.member_dims) if self.member_dims else 1
 
-    def nested_draws(self) -> tuple[int, int] | None:
-        """(M, M N R): independent draws of the encoder level and of the members (routing folded into dropout)."""
+    def nested_draws(self) -> tuple[int, ...] | None:
+        """Independent draws per nested level: (M, M N), or (M, M N, M N R) with a routing level."""
         if not {ens.ENCODER_DRAW, ens.DROPOUT_DRAW} <= set(self.member_dims):
             return None
-        return self.data.sizes[ens.ENCODER_DRAW], self.n_members()
+        m, n = self.data.sizes[ens.ENCODER_DRAW], self.data.sizes[ens.DROPOUT_DRAW]
+        return (m, m * n, self.n_members()) if ens.ROUTING_DRAW in self.member_dims else (m, m * n)
 
     def check_members(self) -> None:
         if ens.MEMBER in self.member_dims and len(self.member_dims) > 1:
