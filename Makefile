@@ -22,7 +22,7 @@ MLFLOW_SERVER_ARGS ?=
 MLFLOW_PID := runs/mlflow-server.pid
 MLFLOW_PROBE_HOST = $(if $(filter 0.0.0.0 ::,$(MLFLOW_HOST)),127.0.0.1,$(MLFLOW_HOST))
 
-.PHONY: setup demo demo-e2e demo-edm demo-ensemble calibrate-dropout test test-fast lint bench mlflow-ui clean train ray-up submit ray-down \
+.PHONY: setup demo demo-e2e demo-edm demo-uplift demo-ensemble calibrate-dropout test test-fast lint bench mlflow-ui clean train ray-up submit ray-down \
 	mlflow-server mlflow-server-down
 
 setup: $(STAMP)
@@ -51,14 +51,32 @@ demo-edm: setup
 	$(BIN)/python jobs/evaluate.py forecast=runs/train_sparse/edm/forecast.zarr truth=data/sample_32x64.zarr \
 		baseline=persistence out_dir=runs/evaluate/edm plots=false
 
+# The stochastic uplift of the demo chain (finetunes if missing), its 4 x 4 nested ensemble and the deterministic
+# chain over the paper's ten leads (10 steps of 6 h), scored against each other (README, Results).
+UPLIFT_STEPS ?= 10
+demo-uplift: setup
+	test -d runs/train_e2e/e2e/chain || $(MAKE) demo-e2e
+	test -d runs/train_e2e/e2e/stochastic_encoder || $(BIN)/python jobs/finetune_stochastic.py stage=encoder
+	test -d runs/train_e2e/e2e/stochastic_processor || $(BIN)/python jobs/finetune_stochastic.py stage=processor
+	$(BIN)/python jobs/forecast_e2e.py steps=$(UPLIFT_STEPS) out_dir=runs/forecast_e2e/deterministic
+	$(BIN)/python jobs/forecast_e2e.py steps=$(UPLIFT_STEPS) members_m=4 members_n=4 out_dir=runs/forecast_e2e/uplift
+	$(BIN)/python jobs/evaluate.py forecast=runs/forecast_e2e/uplift/forecast.zarr truth=data/sample_32x64.zarr \
+		baseline=runs/forecast_e2e/deterministic/forecast.zarr out_dir=runs/evaluate/uplift
+
 # Nested 4 x 4 (x 2 routing) ensembles of the uplifted chain on Ray actors, then each stream denied in turn.
-# Builds what it needs first: the chain (demo-e2e) and its stochastic uplift.
+# Builds what it needs first: the chain (demo-e2e) and its stochastic uplift. The OSE runs on a copy of the
+# stages (e2e_deny, links but for its encoder) whose encoder noise was finetuned with streams withheld
+# (stochastic.deny_prob), so that it has learned what a missing stream costs (README, Results).
+DENY_STAGES := runs/train_e2e/e2e_deny
 demo-ensemble: setup
 	test -d runs/train_e2e/e2e/chain || $(MAKE) demo-e2e
 	test -d runs/train_e2e/e2e/stochastic_encoder || $(BIN)/python jobs/finetune_stochastic.py stage=encoder
 	test -d runs/train_e2e/e2e/stochastic_processor || $(BIN)/python jobs/finetune_stochastic.py stage=processor
 	$(BIN)/python jobs/ensemble.py members.M=4 members.N=4 members.R=2 out_dir=runs/ensemble/demo $(ARGS)
-	$(BIN)/python jobs/ose.py members.M=4 members.N=4 out_dir=runs/ose/demo $(ARGS)
+	test -d $(DENY_STAGES)/stochastic_encoder || { mkdir -p $(DENY_STAGES) && \
+		for s in chain decoder encoder processor stochastic_processor; do ln -sfn ../e2e/$$s $(DENY_STAGES)/$$s; done && \
+		$(BIN)/python jobs/finetune_stochastic.py stage=encoder stochastic.deny_prob=0.3 stages_dir=$(DENY_STAGES); }
+	$(BIN)/python jobs/ose.py checkpoint=$(DENY_STAGES) members.M=4 members.N=4 members.R=2 out_dir=runs/ose/demo $(ARGS)
 
 # The uplifted chain's inference dropout p, scored by spread-skill (the paper's selection of p = 0.05).
 calibrate-dropout: setup
