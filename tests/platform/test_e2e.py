@@ -24,6 +24,7 @@ from wxray.platform.e2e_data import E2EReader, build_e2e_datasets, prepare_e2e, 
 from wxray.platform.forecast_e2e import ForecastE2EConfig, forecast_e2e
 from wxray.platform.stochastic import FinetuneStochasticConfig, finetune_stochastic
 from wxray.verify.evaluate import EvaluateConfig, evaluate
+from wxray.verify.variance import split_members, split_moments
 
 TINY = ["encoder.hidden=8", "encoder.embed_dim=16", "encoder.depth=1", "encoder.num_heads=2",
         "processor.embed_dim=16", "processor.depth=3", "processor.split=[1,1,1]", "processor.num_heads=2",
@@ -263,6 +264,10 @@ def test_ensemble_and_ose_jobs_on_actors(chain, tmp_path, capsys):
     assert fc.geopotential.dims[:5] == ("init_time", "lead_time", "encoder_draw", "dropout_draw", "routing_draw")
     st = xr.open_zarr(res["stores"]["stations"]).station_forecast
     assert st.sizes["station"] > 0 and bool(st.notnull().all())
+    # the decoder's spread at the stations, split as on the grid: all of it the encoder's at the analysis
+    station_rho = res["station_rho_drop"]
+    assert set(station_rho) == set(st.station_variable.values)
+    assert all(v[0] == 0.0 and 0.0 < v[1] < 1.0 for v in station_rho.values()), station_rho
     assert res["lead_hours"] == [0.0, 6.0] and res["rho_drop"]["geopotential"][0] == 0.0  # no dropout at lead 0
     assert {"ssr_enc", "ssr_drop", "ssr_route", "ssr_total", "rmse", "crps"} <= res.keys()
     maps = xr.open_zarr(out / "variance_maps.zarr")
@@ -271,6 +276,7 @@ def test_ensemble_and_ose_jobs_on_actors(chain, tmp_path, capsys):
     run = mlflow.MlflowClient(uri).get_run(res["mlflow_run_id"])
     assert "ensemble/rho_drop/geopotential" in run.data.metrics
 
+    res_ens_stations = res["stores"]["stations"]
     res = _run("ose", OSEConfig, ose, [*common, "inits=2000-01-01T06/2000-01-02T00", "deny=[stations]",
                                        "members.R=2", "n_resamples=200", f"out_dir={tmp_path / 'ose'}",
                                        "tracking.enabled=false", "plots=false"])
@@ -280,6 +286,14 @@ def test_ensemble_and_ose_jobs_on_actors(chain, tmp_path, capsys):
         assert lo <= est <= hi and np.isfinite([est, lo, hi]).all()
     table = pd.read_csv(res["table"])
     assert set(table.component) == {"u_enc", "u_drop", "u_route"} and len(table) == 3 * 2
+    # the OSE streams station moments (keep_members=false): at the init both runs share, their split is the
+    # stored members' split of the ensemble run above (the same draws)
+    shared = np.datetime64("2000-01-02T00")
+    streamed = split_moments(xr.open_zarr(tmp_path / "ose" / "baseline" / "station_moments.zarr").sel(
+        init_time=[shared]).load(), 2, 2)["station_forecast"]
+    stored = split_members(xr.open_zarr(res_ens_stations).sel(init_time=[shared]).load())["station_forecast"]
+    for u in ("u_enc", "u_drop", "u_route"):
+        np.testing.assert_allclose(streamed[u].values, stored[u].values, rtol=1e-4, atol=1e-9)
     assert res["baseline_rho_drop"][0] == res["baseline_rho_route"][0] == 0.0  # the processor has not run yet
 
     # bad input: one line, exit 2, nothing written

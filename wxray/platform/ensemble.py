@@ -197,4 +197,5 @@ def ensemble(cfg: EnsembleConfig, ctx: JobContext) -> dict[str, Any]:
     return {"stores": {k: str(v) for k, v in paths.items()}, "store": data.spec.store, "inits": int(len(anchors)),
             "members": {"M": plan.members_m, "N": plan.members_n, "R": plan.members_r}, "dropout": plan.dropout,
             "deny": list(cfg.deny), "seed": cfg.seed, "checkpoints": used,
-            "scores": str(ctx.out_dir / "scores.json"), **{k: report[k] for k in keys if k in report}}
+            "scores": str(ctx.out_dir / "scores.json"), **{k: report[k] for k in keys if k in report},
+            **({"station_rho_drop": report["stations"]["rho_drop"]} if "stations" in report else {})}

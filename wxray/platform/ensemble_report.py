@@ -1,4 +1,5 @@
-"""What a batch ensemble run reports: the variance split (maps, curves), scores per lead, plots, MLflow.
+"""What a batch ensemble run reports: the variance split (maps, curves; at the stations per variable), scores per
+lead, plots, MLflow.
 
 Channels are named as in the rollout reports: `var` for a single-level variable, `var_level` otherwise.
 """
@@ -13,9 +14,17 @@ import xarray as xr
 
 from wxray.data.schema import LEVEL
 from wxray.io import atomic_path, write_json
-from wxray.platform.ensemble_store import Layout
+from wxray.platform.ensemble_store import STATION, STATION_FORECAST, STATION_VARIABLE, Layout
 from wxray.platform.rollout import INIT, LEAD
-from wxray.verify.variance import COMPONENT, scores, split_members, split_moments, variance_curves, variance_maps
+from wxray.verify.variance import (
+    COMPONENT,
+    components,
+    scores,
+    split_members,
+    split_moments,
+    variance_curves,
+    variance_maps,
+)
 
 
 def _hours(leads) -> list[float]:
@@ -106,13 +115,30 @@ def plot_curves(curves: xr.Dataset, folder: Path) -> Path:
     return path
 
 
-def load_split(layout: Layout, paths: dict[str, Path]) -> tuple[xr.Dataset | None, dict[str, xr.Dataset]]:
-    """The finished field store (members, or None for moments) and its per-variable variance split."""
+def load_split(layout: Layout, paths: dict[str, Path], store: str = "fields"
+               ) -> tuple[xr.Dataset | None, dict[str, xr.Dataset]]:
+    """A finished store (members, or None for moments) and its per-variable variance split."""
     p = layout.plan
-    ds = xr.open_zarr(paths["fields"]).load()
+    ds = xr.open_zarr(paths[store]).load()
     if p.keep_members:
         return ds, split_members(ds)
     return None, split_moments(ds, p.members_n, p.members_r)
+
+
+def station_split(layout: Layout, paths: dict[str, Path]) -> dict[str, Any]:
+    """The decoder's spread at the stations: each U and rho_drop per station variable and lead, as means over
+    inits and stations (rho_drop a ratio of means, as on the grid)."""
+    _, parts = load_split(layout, paths, "stations")
+    part = parts[STATION_FORECAST]
+    mean = {c: part[c].mean([INIT, STATION]) for c in (*components(part), "u_total")}
+    with np.errstate(divide="ignore", invalid="ignore"):
+        mean["rho_drop"] = mean["u_drop"] / mean["u_total"]
+
+    def by_variable(da: xr.DataArray) -> dict[str, list[float]]:
+        return {str(v): [float(f"{float(x):.6g}") for x in da.sel({STATION_VARIABLE: v}).transpose(LEAD).values]
+                for v in da[STATION_VARIABLE].values}
+
+    return {"rho_drop": by_variable(mean.pop("rho_drop")), "u": {c: by_variable(da) for c, da in mean.items()}}
 
 
 def analyse(layout: Layout, paths: dict[str, Path], truth_fn, scored_inits: np.ndarray, out_dir: Path, tracker,
@@ -137,10 +163,16 @@ def analyse(layout: Layout, paths: dict[str, Path], truth_fn, scored_inits: np.n
             report[str(s)] = per_channel(table, "score", str(s))
     else:
         report["scored_inits"] = 0
+    if "stations" in paths:
+        report["stations"] = station_split(layout, paths)
     write_json(out_dir / "scores.json", report)
     if tracker is not None:
-        for key in ("rho_drop", "ssr_total", "ssr_enc", "ssr_drop", "ssr_route", "rmse", "crps"):
-            for ch, values in report.get(key, {}).items():
+        logged = {key: report.get(key, {}) for key in ("rho_drop", "ssr_total", "ssr_enc", "ssr_drop", "ssr_route",
+                                                        "rmse", "crps")}
+        if "stations" in report:
+            logged["stations/rho_drop"] = report["stations"]["rho_drop"]
+        for key, curves_of in logged.items():
+            for ch, values in curves_of.items():
                 for step, v in enumerate(values):
                     if np.isfinite(v):
                         tracker.log_metrics({f"ensemble/{key}/{ch}": v}, step=step)
