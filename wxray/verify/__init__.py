@@ -13,6 +13,7 @@ from wxray.verify.anova import (
     merge_moments,
     moments_anova,
     nested_anova3,
+    nested_split,
 )
 from wxray.verify.deterministic import acc, bias, climatology_at, mae, mse, rmse, ssim
 from wxray.verify.ensemble import (
@@ -68,7 +69,7 @@ __all__ = [
     "ensemble_size",
     "ensemble_variance", "finite_size_factor", "flatten_members", "group_moments", "lag1_autocorrelation",
     "latitude_weights", "mae", "merge_moments", "moments_anova", "mse", "nested_anova", "nested_anova3",
-    "nested_finite_factors", "nested_spread_skill", "open_forecast", "open_truth",
+    "nested_finite_factors", "nested_split", "nested_spread_skill", "open_forecast", "open_truth",
     "pair_with_truth", "persistence_forecast", "rank_histogram", "read_station_forecasts", "read_station_truth",
     "region_mask", "regrid_like", "rmse", "spatial_mean", "spread", "spread_skill_from_means",
     "spread_skill_ratio", "ssim", "station_forecasts_from_grid", "station_report", "station_scores", "truth_at",

@@ -119,6 +119,14 @@ def nested_anova3(forecast: xr.DataArray, dims: Sequence[str] = (ENCODER_DRAW, D
     return xr.Dataset(_split3(ms_a, ms_b, ms_e, n, r, clip))
 
 
+def nested_split(forecast: xr.DataArray, clip: bool = True) -> xr.Dataset:
+    """The split of a nested ensemble by the member dims it has: `nested_anova3` with a `routing_draw` dim,
+    else `nested_anova` (U_enc and U_drop only)."""
+    if ROUTING_DRAW in forecast.dims:
+        return nested_anova3(forecast, (ENCODER_DRAW, DROPOUT_DRAW, ROUTING_DRAW), clip)
+    return nested_anova(forecast, ENCODER_DRAW, DROPOUT_DRAW, clip)
+
+
 def _stack(parts: Sequence[Fields]) -> Fields:
     out = xr.concat(list(parts), dim=MOMENT, coords="minimal", compat="override", join="exact")
     return out.assign_coords({MOMENT: list(MOMENTS)}).transpose(MOMENT, ...)

@@ -38,7 +38,7 @@ from wxray.data.schema import LAT, LON, Channel, select_channel
 from wxray.errors import DataError
 from wxray.verify import deterministic as det
 from wxray.verify import ensemble as ens
-from wxray.verify.anova import nested_anova3
+from wxray.verify.anova import nested_split
 from wxray.verify.forecasts import INIT, LEAD, truth_at
 from wxray.verify.inference import (
     DEFAULT_METHOD,
@@ -138,10 +138,8 @@ def score_series(forecast: xr.DataArray, truth: xr.DataArray, climatology: xr.Da
             warnings.simplefilter("ignore")  # scores warns on NaN members, already accounted for by skipna
             hist = ens.rank_histogram(flat, truth, dim, region=region)
         if is_nested:
-            routed = ens.ROUTING_DRAW in member_dims
-            parts = (nested_anova3(forecast, (ens.ENCODER_DRAW, ens.DROPOUT_DRAW, ens.ROUTING_DRAW)) if routed
-                     else ens.nested_anova(forecast, ens.ENCODER_DRAW, ens.DROPOUT_DRAW))
-            names = NESTED_PARTS[: 3 if routed else 2]
+            parts = nested_split(forecast)
+            names = [u for u in NESTED_PARTS if u in parts]
             for u in names:
                 s[u] = spatial_mean(parts[u], region, skipna)
             var = sum(parts[u] for u in names)  # a new member's variance, unbiased (not the pooled one)

@@ -28,8 +28,7 @@ from wxray.verify.anova import (
     ENCODER_DRAW,
     ROUTING_DRAW,
     moments_anova,
-    nested_anova,
-    nested_anova3,
+    nested_split,
 )
 from wxray.verify.ensemble import branch_spread_skill, crps_field_nested
 from wxray.verify.forecasts import INIT
@@ -44,11 +43,8 @@ def split_members(forecast: xr.Dataset) -> dict[str, xr.Dataset]:
     out = {}
     for var, da in forecast.data_vars.items():
         da = da.astype(np.float64)  # the split subtracts mean squares: float32 members lose digits there
-        if ROUTING_DRAW in da.dims:
-            parts = nested_anova3(da, (ENCODER_DRAW, DROPOUT_DRAW, ROUTING_DRAW))
-        else:
-            parts = nested_anova(da, ENCODER_DRAW, DROPOUT_DRAW)
-        out[var] = parts.assign(mean=da.mean([d for d in (ENCODER_DRAW, DROPOUT_DRAW, ROUTING_DRAW) if d in da.dims]))
+        members = [d for d in (ENCODER_DRAW, DROPOUT_DRAW, ROUTING_DRAW) if d in da.dims]
+        out[var] = nested_split(da).assign(mean=da.mean(members))
     return out
 
 
