@@ -36,10 +36,11 @@ from wxray.job import JobContext, say
 from wxray.platform.ensemble import EnsembleConfig, build_models, run_members
 from wxray.platform.ensemble_report import channels, load_split
 from wxray.platform.rollout import INIT, LEAD
+from wxray.verify.anova import SPLIT_COMPONENTS
 from wxray.verify.inference import MIN_SERIES_LENGTH, block_bootstrap, correlation_length
 from wxray.verify.spatial import spatial_mean
 
-COMPONENTS = ("u_enc", "u_drop", "u_route")
+COMPONENTS = SPLIT_COMPONENTS
 
 
 @dataclass

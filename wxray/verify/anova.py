@@ -32,6 +32,7 @@ MOMENTS = ("count", "mean", "ss_between", "ss_mid", "ss_within")
 # group_moments records the replicate sizes it saw, so that merging 2- and 3-level moments, or
 # giving moments_anova the wrong n or r, is an error rather than a silently wrong split.
 N_ATTR, R_ATTR = "anova_n", "anova_r"
+SPLIT_COMPONENTS = ("u_enc", "u_drop", "u_route")  # one per level, outermost first
 
 Fields = TypeVar("Fields", xr.DataArray, xr.Dataset)
 

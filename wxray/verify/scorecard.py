@@ -38,6 +38,7 @@ from wxray.data.schema import LAT, LON, Channel, select_channel
 from wxray.errors import DataError
 from wxray.verify import deterministic as det
 from wxray.verify import ensemble as ens
+from wxray.verify.anova import SPLIT_COMPONENTS as NESTED_PARTS
 from wxray.verify.anova import nested_split
 from wxray.verify.forecasts import INIT, LEAD, truth_at
 from wxray.verify.inference import (
@@ -53,7 +54,6 @@ from wxray.verify.inference import (
 )
 from wxray.verify.spatial import spatial_mean
 
-NESTED_PARTS = ("u_enc", "u_drop", "u_route")  # the ANOVA's components, outermost level first
 REL_DIFF_CONVENTION = "forecast / baseline - 1; negative is better for rmse/mae/crps, positive for acc/ssim"
 
 

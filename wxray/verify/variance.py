@@ -27,6 +27,7 @@ from wxray.verify.anova import (
     DROPOUT_DRAW,
     ENCODER_DRAW,
     ROUTING_DRAW,
+    SPLIT_COMPONENTS,
     moments_anova,
     nested_split,
 )
@@ -54,7 +55,7 @@ def split_moments(moments: xr.Dataset, n: int, r: int = 1) -> dict[str, xr.Datas
 
 
 def components(parts: xr.Dataset) -> list[str]:
-    return [c for c in ("u_enc", "u_drop", "u_route") if c in parts]
+    return [c for c in SPLIT_COMPONENTS if c in parts]
 
 
 def variance_maps(parts: dict[str, xr.Dataset]) -> xr.Dataset:
