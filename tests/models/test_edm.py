@@ -2,6 +2,7 @@
 
 import math
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -230,6 +231,35 @@ def test_heun_integrates_the_probability_flow_ode_of_a_gaussian():
     assert 3.5 < errs[0] / errs[1] < 5 and 3.5 < errs[1] / errs[2] < 5  # second order: error ~ 1 / N^2
     churned = sample_stochastic(Ideal(), cond, gen(1), steps=128, s_churn=160.0, s_min=0.05, s_max=50.0)
     assert abs(churned.std().item() - s) < 0.01  # gamma at its cap sqrt(2) - 1 on most steps
+
+
+def test_spread_gain_is_the_samplers_and_the_default_steps_keep_it_within_one_percent():
+    """The discretisation's inflation of the spread: `spread_gain` equals the sampler's own on the exact
+    denoiser of Gaussian data (exactly for Heun, whose steps are linear; within sampling error with churn),
+    and the default schedule keeps it within 1% where EDM's 18 steps do not."""
+    from wxray.models.edm_sampler import DEFAULT_STEPS, spread_gain
+
+    for s in (0.05, 0.5):
+        class Ideal:
+            n_out, img_size = 1, (64, 64)
+
+            def draw_routing(self, batch, generator, device=None):
+                return None
+
+            def __call__(self, y, sigma, cond, generator=None, routing=None, s=s):
+                return s**2 / (sigma**2 + s**2) * y
+
+        cond = torch.zeros(4, 1, 64, 64)
+        x0 = 80.0 * torch.randn(4, 1, 64, 64, generator=gen(0))  # the sampler's first draw
+        ratio = (sample_heun(Ideal(), cond, gen(0), steps=18) / x0).double()
+        assert float(ratio.std() / ratio.mean()) < 1e-4  # one linear map (float32 round-off)
+        assert float(ratio.mean()) * 80.0 / s == pytest.approx(spread_gain(s, steps=18), rel=1e-5)
+        churn = dict(steps=18, s_churn=10.0)
+        sample = sample_stochastic(Ideal(), cond, gen(1), **churn)
+        assert float(sample.std()) / s == pytest.approx(spread_gain(s, **churn), abs=3 * (2 * sample.numel()) ** -0.5)
+    spreads = np.geomspace(0.01, 3.0, 25)
+    assert max(abs(spread_gain(s) - 1) for s in spreads) < 0.01 and DEFAULT_STEPS == 64
+    assert min(spread_gain(s, steps=18) - 1 for s in spreads) > 0.03  # EDM's default: 3-16% too wide
 
 
 def test_noise_levels_follow_the_karras_schedule():

@@ -277,8 +277,9 @@ def test_ensemble_and_ose_jobs_on_actors(chain, tmp_path, capsys):
     assert "ensemble/rho_drop/geopotential" in run.data.metrics
 
     res_ens_stations = res["stores"]["stations"]
-    res = _run("ose", OSEConfig, ose, [*common, "inits=2000-01-01T06/2000-01-02T00", "deny=[stations]",
-                                       "members.R=2", "n_resamples=200", f"out_dir={tmp_path / 'ose'}",
+    # six inits: the fewest the default fixed-b intervals take
+    res = _run("ose", OSEConfig, ose, [*common, "inits=2000-01-01T06/2000-01-02T12", "deny=[stations]",
+                                       "members.R=2", f"out_dir={tmp_path / 'ose'}",
                                        "tracking.enabled=false", "plots=false"])
     assert res["ranking"] == ["stations"] and set(res["runs"]) == {"baseline", "stations"}
     for component in ("u_enc", "u_drop", "u_route"):  # routing a level of its own: U_drop is dropout alone
@@ -299,8 +300,9 @@ def test_ensemble_and_ose_jobs_on_actors(chain, tmp_path, capsys):
     # bad input: one line, exit 2, nothing written
     capsys.readouterr()
     for argv, msg in ((["members.M=1"], "members.M=1"), (["deny=[radar]"], "radar"),
-                      (["workers.actors=64", "workers.num_cpus=3", "inits=2000-01-01T06/2000-01-02T00"], "num_cpus=3"),
-                      ([], "need at least 4"),  # the test split of this store: one init, too few for the CIs
+                      (["workers.actors=64", "workers.num_cpus=3", "inits=2000-01-01T06/2000-01-02T12"], "num_cpus=3"),
+                      ([], "need at least 6"),  # the test split of this store: one init, too few for the CIs
+                      (["significance_method=paper"], "need at least 4"),
                       (["inits=1990-01-01T00/1990-01-02T00"], "inits=")):
         bad = tmp_path / "bad"
         rc = run_job("ose", OSEConfig, ose, [*common, *argv, f"out_dir={bad}", "tracking.enabled=false"])

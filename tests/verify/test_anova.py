@@ -58,7 +58,7 @@ def test_three_level_split_recovers_known_components():
     for name, true in (("u_enc", S_A2), ("u_drop", S_B2), ("u_route", S_E2)):
         _check_mean_and_variance(raw[name].values.ravel(), true, None, name)
     np.testing.assert_allclose(raw["u_total"], raw["u_enc"] + raw["u_drop"] + raw["u_route"])
-    clipped = nested_anova3(y)
+    clipped = nested_anova3(y, clip=True)  # the display option
     assert float(clipped[["u_enc", "u_drop"]].to_array().min()) >= 0
     rho = clipped["rho_enc"] + clipped["rho_drop"] + clipped["rho_route"]
     np.testing.assert_allclose(rho, 1.0)
@@ -149,7 +149,8 @@ def test_zero_variance_levels_clip_to_exactly_zero():
     a = rng.normal(0, 2, (m, 1, 1, 6))
     e = rng.normal(0, 1, (m, 1, r, 6))
     y = xr.DataArray(np.broadcast_to(a + e, (m, n, r, 6)), dims=(*DIMS3, "point"))
-    for split in (nested_anova3(y), moments_anova(_stream(y, (DROPOUT_DRAW, ROUTING_DRAW), rng), n, r)):
+    for split in (nested_anova3(y, clip=True),
+                  moments_anova(_stream(y, (DROPOUT_DRAW, ROUTING_DRAW), rng), n, r, clip=True)):
         assert (split["u_drop"].values == 0.0).all() and (split["rho_drop"].values == 0.0).all()
         assert (split["u_route"].values > 0).all()
     raw = nested_anova3(y, clip=False)
@@ -157,7 +158,7 @@ def test_zero_variance_levels_clip_to_exactly_zero():
     # Two levels: equal group means give a between-group variance clipped to exactly 0.
     y2 = xr.DataArray(np.broadcast_to(rng.normal(0, 1, (1, n, 6)), (m, n, 6)), dims=(ENCODER_DRAW, DROPOUT_DRAW,
                                                                                    "point"))
-    for split in (nested_anova(y2), moments_anova(_stream(y2, (DROPOUT_DRAW,), rng), n)):
+    for split in (nested_anova(y2, clip=True), moments_anova(_stream(y2, (DROPOUT_DRAW,), rng), n, clip=True)):
         assert (split["u_enc"].values == 0.0).all() and (split["rho_drop"].values == 1.0).all()
 
 

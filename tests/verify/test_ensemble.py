@@ -138,7 +138,7 @@ def test_anova_estimators_unbiased_on_random_effects_model():
     b = rng.normal(0, np.sqrt(sigma_b2), (cases, m, 1))
     y = xr.DataArray(b + rng.normal(0, np.sqrt(sigma_w2), (cases, m, n)), dims=("case", "encoder_draw",
                                                                                  "dropout_draw"))
-    raw = nested_anova(y, clip=False)
+    raw = nested_anova(y)  # unclipped by default
     for name, true in (("u_enc", sigma_b2), ("u_drop", sigma_w2)):
         est = raw[name].values
         se = est.std() / np.sqrt(cases)
@@ -146,7 +146,7 @@ def test_anova_estimators_unbiased_on_random_effects_model():
     # The naive between-draw variance keeps sigma_w^2/N of dropout noise (0.4 here, ~80 standard errors).
     naive = y.mean("dropout_draw").var("encoder_draw", ddof=1).mean()
     assert float(naive) - sigma_b2 > 0.3
-    clipped = nested_anova(y)
+    clipped = nested_anova(y, clip=True)
     assert float(clipped["u_enc"].min()) >= 0
     np.testing.assert_allclose(clipped["rho_drop"], clipped["u_drop"] / (clipped["u_enc"] + clipped["u_drop"]))
 

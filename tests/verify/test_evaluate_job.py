@@ -195,10 +195,6 @@ BAD_FORECASTS = [
     (_nested(1, 3), [], "need at least 2 groups for the ANOVA split"),
     (_nested(3, 1), [], "need at least 2 replicates for the ANOVA split"),
     (_with_nan, [], "'2m_temperature' lead 24 h: 1 NaN values in forecast or truth (set skipna=true"),
-    (lambda ds: ds.isel(init_time=slice(0, 5)), [], "'2m_temperature' lead 6 h: 5 initialisations are too few "
-     "for the fixed-b HAC variance (need at least 6; significance_method=paper needs 4)"),
-    (lambda ds: ds.isel(init_time=slice(0, 3)), ["significance_method=paper"],
-     "3 initialisations are too few for the block bootstrap"),
     (lambda ds: ds, ["variables=[vorticity]"], "variable 'vorticity' not found"),
     (lambda ds: ds, ["n_bootstrap=10"], "config key 'n_bootstrap' must be >= 100, got 10"),
     (lambda ds: ds, ["truth_member=first"], "config key 'truth_member'"),
@@ -401,3 +397,40 @@ def test_a_routing_level_is_a_third_branch_of_the_scorecard():
     two, *_ = score_series(folded.rename(d="dropout_draw"), truth, None, member_dims[:2], None, False)
     for key in ("crps", "mse"):
         np.testing.assert_allclose(series[key], two[key], rtol=1e-6)
+
+
+@pytest.mark.parametrize("n_init, method", [(5, "fixed-b"), (3, "paper"), (1, "fixed-b")])
+def test_too_few_inits_for_the_intervals_still_scores(store_path, tmp_path, capsys, n_init, method):
+    """Fewer inits than the method's intervals need: the scores without intervals or significance, marked so
+    in the scorecard, RESULT and plots, with one warning line."""
+    import json
+
+    from wxray.job import run_job
+    from wxray.verify.evaluate import evaluate
+    from wxray.verify.plots import no_intervals_note
+
+    ds = open_store(store_path)
+    fc = persistence_forecast(ds, ds.time.values[1: 1 + n_init], [6, 24])
+    forecast = write_zarr(fc, tmp_path / "few.zarr")
+    out_dir = tmp_path / "run"
+    rc = run_job("evaluate", EvaluateConfig, evaluate, argv=[
+        f"forecast={forecast}", f"truth={store_path}", f"out_dir={out_dir}", "tracking.enabled=false",
+        "baseline=persistence", "n_bootstrap=100", f"significance_method={method}"])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    warnings = [ln for ln in out.splitlines() if "warning" in ln]
+    assert len(warnings) == 1 and f"{n_init} initialisation(s) are too few" in warnings[0], out
+    result = json.loads(out.splitlines()[-1][len("RESULT "):])
+    assert result["intervals"] == "none" and result["n_init"] == n_init
+    assert result["n_compared"] == 0 and result["n_significant_better"] == 0
+    lead = np.timedelta64(24, "h")
+    direct = rmse(fc["2m_temperature"].sel(lead_time=lead), truth_at(ds["2m_temperature"], fc.init_time.values,
+                                                                    lead, "truth"), time_dims=("init_time",))
+    assert result["rmse.2m_temperature.24h"] == pytest.approx(float(direct), rel=1e-6)
+    assert result["rel_diff.rmse.2m_temperature.24h"] == pytest.approx(0.0, abs=1e-12)  # persistence vs itself
+    card = xr.open_dataset(out_dir / "scorecard.nc").load()
+    assert card.attrs["intervals"] == "none" and int(card["has_intervals"].max()) == 0
+    assert bool(card["ci_lower"].isnull().all()) and bool(card["significant"].isnull().all())
+    assert bool(card["value"].sel(metric="rmse").notnull().all())
+    assert (out_dir / "plots" / "score_rmse.png").is_file()
+    assert f"{n_init} initialisation(s) are too few for the {method} method" in no_intervals_note(card)

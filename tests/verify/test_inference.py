@@ -309,8 +309,8 @@ def test_n_bootstrap_and_seed_are_used_only_by_the_paper_method(tmp_path):
 
 def test_fixed_b_needs_six_initialisations_and_gives_sane_intervals_from_there(tmp_path):
     """n = 4-5: no estimate of the autocorrelation holds the level (module docstring), so the scorecard
-    refuses them with the channel and lead; the paper method (bootstrap) is named as the alternative. From
-    n = 6 the intervals are of the order of the standard error, not the ~100-400x a capped rho gave."""
+    gives the scores without intervals or tests there (has_intervals 0). From n = 6 the intervals are of the
+    order of the standard error, not the ~100-400x a capped rho gave."""
     from tests.verify.conftest import make_store
     from wxray.data.schema import channels, open_store
     from wxray.verify import persistence_forecast
@@ -320,13 +320,14 @@ def test_fixed_b_needs_six_initialisations_and_gives_sane_intervals_from_there(t
     chans = channels(ds, ["2m_temperature"])
     for n in (4, 5):
         data = persistence_forecast(ds, ds.time.values[:n], [6], ["2m_temperature"])
-        with pytest.raises(DataError, match=rf"^f '2m_temperature' lead 6 h: {n} initialisations are too few for "
-                                            r"the fixed-b HAC variance \(need at least 6; significance_method=paper"):
-            build_scorecard(Model("f", data), ds, chans)
+        short = build_scorecard(Model("f", data), ds, chans)
+        assert short.attrs["intervals"] == "none" and int(short["has_intervals"].max()) == 0
+        assert bool(short["ci_upper"].isnull().all()) and bool(short["value"].sel(metric="rmse").notnull().all())
     n = 6
     card = build_scorecard(Model("f", persistence_forecast(ds, ds.time.values[:n], [6], ["2m_temperature"])),
                            ds, chans)
     assert int(card["n_init"].squeeze()) == n and np.isfinite(card["ci_upper"].sel(metric="rmse")).all()
+    assert card.attrs["intervals"] == "all"
     d = np.random.default_rng(15).standard_normal((4000, n))  # white noise: the mean's standard error 1/sqrt(n)
     ci = hac_interval([d], lambda a: a.mean(-1))
     c = fixed_b_critical_value(hac_bandwidth(n) / (n - 1))

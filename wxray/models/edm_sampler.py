@@ -21,6 +21,14 @@ member can be recomputed alone or in another batch.
 `EDMForecaster` wraps a trained denoiser with its sampler settings so that it is called as a
 forecaster is, forecaster(x, generator=g) -> one sample per row: rollouts and validation need no
 generative special case beyond passing per-row generators.
+
+Discretisation bias of the spread (`spread_gain`): with the exact denoiser of Gaussian data Y ~ N(0, s^2),
+D(x; t) = s^2 / (s^2 + t^2) x, every step is linear in x, so the sample's sd / s follows from the schedule
+alone. Heun overshoots where t ~ s, most for small s (a sharp conditional distribution, the usual case of a
+skilful forecaster: s is the conditional sd in units of the normalised target): at EDM's 18 steps the
+spread is 4.5% too wide at s = 1, 9% at s = 0.1, 16% at s = 0.01 (12 steps: 11-43%; the stochastic sampler
+with s_churn = 10 at 18 steps: 11-28%). `DEFAULT_STEPS` = 64 keeps it within 1% for s in [0.01, 3] (Heun
+-0.8% to +0.6%; with s_churn = 10, -0.3% to +1.4%).
 """
 
 from __future__ import annotations
@@ -32,6 +40,8 @@ from torch import Tensor, nn
 
 from wxray.models.blocks import RowGenerators, normal
 from wxray.models.edm import ResSlimEDM
+
+DEFAULT_STEPS = 64  # noise levels N: the spread's discretisation bias under 1% (module docstring)
 
 
 def karras_sigmas(steps: int, sigma_min: float = 0.002, sigma_max: float = 80.0, rho: float = 7.0) -> Tensor:
@@ -50,7 +60,7 @@ def sample_stochastic(
     model: ResSlimEDM,
     cond: Tensor,
     generator: torch.Generator | RowGenerators | None,
-    steps: int = 18,
+    steps: int = DEFAULT_STEPS,
     sigma_min: float = 0.002,
     sigma_max: float = 80.0,
     rho: float = 7.0,
@@ -95,7 +105,7 @@ def sample_heun(
     model: ResSlimEDM,
     cond: Tensor,
     generator: torch.Generator | RowGenerators | None,
-    steps: int = 18,
+    steps: int = DEFAULT_STEPS,
     sigma_min: float = 0.002,
     sigma_max: float = 80.0,
     rho: float = 7.0,
@@ -103,6 +113,31 @@ def sample_heun(
 ) -> Tensor:
     """EDM Algorithm 1 (deterministic Heun, 2N - 1 denoiser calls): the generator draws x_0 and the routing only."""
     return sample_stochastic(model, cond, generator, steps, sigma_min, sigma_max, rho, routing=routing)
+
+
+def spread_gain(sd: float, steps: int = DEFAULT_STEPS, sigma_min: float = 0.002, sigma_max: float = 80.0,
+                rho: float = 7.0, s_churn: float = 0.0, s_min: float = 0.0, s_max: float = math.inf,
+                s_noise: float = 1.0) -> float:
+    """Sample sd / true sd of `sample_stochastic` (Heun when s_churn = 0) with the exact denoiser of Gaussian
+    data of sd `sd` (module docstring): 1 is unbiased. Exact, from the variance of x through the linear steps
+    (churn adds its noise variance before a step)."""
+    t = karras_sigmas(steps, sigma_min, sigma_max, rho).tolist()
+
+    def k(tt: float) -> float:  # (x - D(x; t)) / t = k(t) x for the Gaussian denoiser
+        return tt / (sd * sd + tt * tt)
+
+    var = t[0] ** 2
+    gamma_max = min(s_churn / steps, math.sqrt(2) - 1)
+    for t_cur, t_next in zip(t[:-1], t[1:]):
+        gamma = gamma_max if s_min <= t_cur <= s_max else 0.0
+        t_hat = t_cur * (1 + gamma)
+        var += (t_hat**2 - t_cur**2) * s_noise**2
+        h = t_next - t_hat
+        gain = 1 + h * k(t_hat)
+        if t_next != 0:
+            gain = 1 + 0.5 * h * (k(t_hat) + k(t_next) * gain)
+        var *= gain**2
+    return math.sqrt(var) / sd
 
 
 SAMPLERS = ("heun", "stochastic")
@@ -119,9 +154,9 @@ class EDMForecaster(nn.Module):
 
     generative = True
 
-    def __init__(self, denoiser: ResSlimEDM, sampler: str = "heun", steps: int = 18, sigma_min: float = 0.002,
-                 sigma_max: float = 80.0, rho: float = 7.0, s_churn: float = 0.0, s_min: float = 0.0,
-                 s_max: float = math.inf, s_noise: float = 1.0):
+    def __init__(self, denoiser: ResSlimEDM, sampler: str = "heun", steps: int = DEFAULT_STEPS,
+                 sigma_min: float = 0.002, sigma_max: float = 80.0, rho: float = 7.0, s_churn: float = 0.0,
+                 s_min: float = 0.0, s_max: float = math.inf, s_noise: float = 1.0):
         super().__init__()
         if sampler not in SAMPLERS:
             raise ValueError(f"sampler must be one of {SAMPLERS}, got {sampler!r}")

@@ -73,6 +73,8 @@ def plot_maps(maps: xr.Dataset, folder: Path) -> list[Path]:
                                      squeeze=False, constrained_layout=True)
             for r, comp in enumerate(comps):
                 values = field.sel({COMPONENT: comp}).isel({LEAD: leads})
+                # the maps hold unbiased init means, slightly negative where a true share is ~0: the colour
+                # scale starts at 0 for display (the stored maps and every aggregate stay unclipped)
                 vmax = 1.0 if comp == "rho_drop" else float(np.nanmax(values.values)) or 1.0
                 for c, k in enumerate(leads):
                     im = axes[r, c].pcolormesh(field.longitude, field.latitude, values.isel({LEAD: c}),

@@ -10,8 +10,10 @@ not sampling noise. Per stream and lead, for U in (U_enc, U_drop[, U_route]):
 
     change = mean over channels c of ( mean_t U_c^denied(t) / mean_t U_c^baseline(t) ) - 1
 
-with U_c(t) the latitude-weighted domain mean at init t; its confidence interval from a paired circular
-block bootstrap over inits (the same resampled inits for both runs, `verify.inference.block_bootstrap`).
+with U_c(t) the latitude-weighted domain mean at init t of the unclipped (unbiased) component; its
+confidence interval the fixed-b interval of the scorecard, paired over inits (`verify.denial`; measured to
+hold its level, BENCHMARKS.md section 3), or with `significance_method=paper` the paper's paired circular
+block bootstrap.
 A stream the encoder leans on raises U_enc when withheld (the analysis is less certain); U_drop, the
 processor's own uncertainty, should move much less. With `members.R` > 1 the processor's random token
 selection is a level of its own, so U_drop is the dropout share alone (as in the paper, whose processor
@@ -22,9 +24,8 @@ ensemble run's stores), ose.csv, plots/ose_ranking.png, plots/ose_leads.png, MLf
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
@@ -37,7 +38,7 @@ from wxray.platform.ensemble import EnsembleConfig, build_models, run_members
 from wxray.platform.ensemble_report import channels, load_split
 from wxray.platform.rollout import INIT, LEAD
 from wxray.verify.anova import SPLIT_COMPONENTS
-from wxray.verify.inference import MIN_SERIES_LENGTH, block_bootstrap, correlation_length
+from wxray.verify.denial import MIN_INITS, relative_change
 from wxray.verify.spatial import spatial_mean
 
 COMPONENTS = SPLIT_COMPONENTS
@@ -48,7 +49,9 @@ class OSEConfig(EnsembleConfig):
     deny: list[str] = field(default_factory=list)  # streams to withhold, one rerun each; [] = every stream
     keep_members: bool = False  # the split needs only the streamed moments
     rank_lead: NonNegInt = 1  # lead step (0 = analysis) at which streams are ranked by their U_enc change
-    n_resamples: PosInt = 2000  # bootstrap resamples for the intervals
+    # fixed-b: the scorecard's HAC interval (holds its level); paper: the paired block bootstrap of the paper
+    significance_method: Literal["fixed-b", "paper"] = "fixed-b"
+    n_resamples: PosInt = 2000  # bootstrap resamples (significance_method=paper only)
     confidence: Probability = 0.95  # of the intervals
 
     experiment = "wxray-ose"
@@ -79,42 +82,14 @@ def domain_series(paths: dict, layout) -> dict[str, dict[str, np.ndarray]]:
     return out
 
 
-def relative_change(base: dict[str, np.ndarray], denied: dict[str, np.ndarray], n_resamples: int,
-                    confidence: float, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Channel-mean relative change per lead with its paired block-bootstrap interval (estimate, lo, hi).
-
-    One set of resampled inits for every channel, lead and both runs; the block length is the longest
-    correlation length of the series."""
-    names = sorted(base)
-    b = np.stack([base[n] for n in names])  # (channel, lead, init)
-    d = np.stack([denied[n] for n in names])
-
-    def stat(x, y):  # x, y (channel, lead, [resample,] init) -> (lead, [resample])
-        with np.errstate(divide="ignore", invalid="ignore"):
-            return np.nanmean(y.mean(-1) / x.mean(-1), axis=0) - 1.0
-
-    finite = [s for s in (*b.reshape(-1, b.shape[-1]), *d.reshape(-1, d.shape[-1])) if np.ptp(s) > 0]
-    length = max([int(np.max(correlation_length(s))) for s in finite] or [1])
-    n = b.shape[-1]
-    if 2 * length > n:  # blocks nearly as long as the series: every resample a rotation, intervals too narrow
-        say(f"OSE intervals: correlation length {length} of {n} inits; blocks cut to {max(1, n // 2)} (more "
-            "inits give wider-spaced, more trustworthy intervals)")
-        length = max(1, n // 2)
-    with warnings.catch_warnings():  # U_drop is 0 at the analysis: a 0/0 change there is NaN, not an error
-        warnings.simplefilter("ignore", RuntimeWarning)
-        iv = block_bootstrap([b, d], stat, block_length=length, n_resamples=n_resamples,
-                             confidence=confidence, seed=seed)
-    return np.asarray(iv.estimate), np.asarray(iv.lower), np.asarray(iv.upper)
-
-
 def change_table(series: dict[str, dict], streams: list[str], hours: list[float], cfg: OSEConfig) -> pd.DataFrame:
     rows = []
     for s in streams:
         for c in components(cfg.members.R):
-            est, lo, hi = relative_change(series["baseline"][c], series[s][c], cfg.n_resamples, cfg.confidence,
-                                          cfg.seed)
+            iv = relative_change(series["baseline"][c], series[s][c], method=cfg.significance_method,
+                                 confidence=cfg.confidence, n_resamples=cfg.n_resamples, seed=cfg.seed)
             rows += [{"stream": s, "component": c, "lead_hours": h, "change": e, "lower": a, "upper": b}
-                     for h, e, a, b in zip(hours, est, lo, hi, strict=True)]
+                     for h, e, a, b in zip(hours, iv.estimate, iv.lower, iv.upper, strict=True)]
     return pd.DataFrame(rows)
 
 
@@ -166,8 +141,10 @@ def ose(cfg: OSEConfig, ctx: JobContext) -> dict[str, Any]:
     if unknown:
         raise ConfigError(f"deny names {', '.join(unknown)}: not a stream the encoder reads ({', '.join(names)})")
     streams = list(cfg.deny) or names
-    if len(anchors) < MIN_SERIES_LENGTH:
-        raise DataError(f"inits: {len(anchors)} init(s); the OSE intervals need at least {MIN_SERIES_LENGTH}")
+    need = MIN_INITS[cfg.significance_method]
+    if len(anchors) < need:
+        raise DataError(f"inits: {len(anchors)} init(s); the OSE intervals (significance_method="
+                        f"{cfg.significance_method}) need at least {need}")
     runs = {"baseline": (), **{s: (s,) for s in streams}}
     layouts = [replace(layout, plan=replace(layout.plan, deny=deny), attrs={**layout.attrs, "deny": ",".join(deny)})
                for deny in runs.values()]

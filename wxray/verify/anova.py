@@ -11,6 +11,13 @@ any order (Chan et al. 1979 parallel update), and `moments_anova` turns the merg
 same split. Invariant: `moments_anova(merge of group_moments of every encoder draw, N, R)` equals
 `nested_anova` (R = 1) or `nested_anova3` of the stored members, to float tolerance, while memory
 stays at 5 fields whatever M x N x R.
+
+The components are unbiased pointwise, so their means over points, inits or runs are too; a point
+estimate can be negative where a true component is small, and that is what every aggregate (domain
+means, init means, OSE ratios, rho as a ratio of means, spread-skill) must average. Clipping each point
+at zero first biases every aggregate upwards: with a true encoder share of 0.04 in a 7 x 7 design the
+domain mean of a clipped U_enc reads 0.062 (+55%). `clip=True` exists for what is only displayed (a
+map of one init); nothing in wxray aggregates a clipped component.
 """
 
 from __future__ import annotations
@@ -73,14 +80,15 @@ def _split3(ms_a, ms_b, ms_e, n: int, r: int, clip: bool) -> dict[str, xr.DataAr
 
 
 def nested_anova(forecast: xr.DataArray, group_dim: str = ENCODER_DRAW, replicate_dim: str = DROPOUT_DRAW,
-                 clip: bool = True) -> xr.Dataset:
+                 clip: bool = False) -> xr.Dataset:
     """One-way random-effects ANOVA split of a nested M x N ensemble, pointwise.
 
     MS_B = N/(M-1) sum_i (ybar_i - ybar)^2, MS_W = sum_ij (y_ij - ybar_i)^2 / (M(N-1)),
-    U_drop = MS_W, U_enc = max(0, (MS_B - MS_W)/N). The MS_W/N subtraction removes the dropout noise
-    every group mean still carries; without it the encoder share is overstated. The clip at zero makes
-    U_enc slightly biased upwards when the true encoder variance is small (`clip=False` keeps the
-    unbiased, possibly negative estimate). rho_drop = U_drop / (U_enc + U_drop).
+    U_drop = MS_W, U_enc = (MS_B - MS_W)/N. The MS_W/N subtraction removes the dropout noise every group
+    mean still carries; without it the encoder share is overstated. Both are unbiased; U_enc can be
+    negative at a point where the true encoder variance is small (`clip=True` sets it to 0 there, for
+    display only: a clipped U_enc is biased upwards and must not be averaged, see the module docstring).
+    rho_drop = U_drop / (U_enc + U_drop) pointwise (aggregate it as a ratio of means, not by averaging).
     """
     m, n = _require_nested(forecast, (group_dim, replicate_dim), ("groups", "replicates"))
     group_mean = forecast.mean(replicate_dim)
@@ -91,7 +99,7 @@ def nested_anova(forecast: xr.DataArray, group_dim: str = ENCODER_DRAW, replicat
 
 
 def nested_anova3(forecast: xr.DataArray, dims: Sequence[str] = (ENCODER_DRAW, DROPOUT_DRAW, ROUTING_DRAW),
-                  clip: bool = True) -> xr.Dataset:
+                  clip: bool = False) -> xr.Dataset:
     """Two-stage nested random-effects ANOVA of an M x N x R ensemble, pointwise.
 
     Model y_ijk = mu + a_i + b_ij + e_ijk, with dims = (i, j, k) outermost first (encoder, dropout,
@@ -101,10 +109,11 @@ def nested_anova3(forecast: xr.DataArray, dims: Sequence[str] = (ENCODER_DRAW, D
         MS_B = R/(M(N-1)) sum_ij (ybar_ij - ybar_i)^2      E[MS_B] = s_e^2 + R s_b^2
         MS_E = sum_ijk (y_ijk - ybar_ij)^2 / (MN(R-1))     E[MS_E] = s_e^2
 
-    U_route = MS_E, U_drop = (MS_B - MS_E)/R, U_enc = (MS_A - MS_B)/(NR); `clip=True` sets negative
-    U_drop and U_enc to 0 (slightly biased upwards where a true share is small; `clip=False` keeps the
-    unbiased estimates). U_total = U_enc + U_drop + U_route and rho_x = U_x / U_total (NaN where
-    U_total is 0). Unlike `nested_anova`, a point with a missing member is NaN (no skipna).
+    U_route = MS_E, U_drop = (MS_B - MS_E)/R, U_enc = (MS_A - MS_B)/(NR), each unbiased and possibly
+    negative at a point; `clip=True` sets negative U_drop and U_enc to 0, for display only (biased
+    upwards: never average a clipped component). U_total = U_enc + U_drop + U_route (never negative:
+    MS_A/(NR) + MS_B (1 - 1/N)/R + MS_E (1 - 1/R)) and rho_x = U_x / U_total (NaN where U_total is 0).
+    Unlike `nested_anova`, a point with a missing member is NaN (no skipna).
     Returns ms_a, ms_b, ms_e, u_enc, u_drop, u_route, u_total, rho_enc, rho_drop, rho_route.
     """
     dims = tuple(dims)
@@ -120,7 +129,7 @@ def nested_anova3(forecast: xr.DataArray, dims: Sequence[str] = (ENCODER_DRAW, D
     return xr.Dataset(_split3(ms_a, ms_b, ms_e, n, r, clip))
 
 
-def nested_split(forecast: xr.DataArray, clip: bool = True) -> xr.Dataset:
+def nested_split(forecast: xr.DataArray, clip: bool = False) -> xr.Dataset:
     """The split of a nested ensemble by the member dims it has: `nested_anova3` with a `routing_draw` dim,
     else `nested_anova` (U_enc and U_drop only)."""
     if ROUTING_DRAW in forecast.dims:
@@ -248,7 +257,7 @@ def merge_moments(a: Fields, b: Fields) -> Fields:
     return _tag(_stack(parts), *(shape_a if shape_a[0] is not None else shape_b))
 
 
-def moments_anova(moments: xr.DataArray, n: int, r: int = 1, clip: bool = True) -> xr.Dataset:
+def moments_anova(moments: xr.DataArray, n: int, r: int = 1, clip: bool = False) -> xr.Dataset:
     """The nested ANOVA split from the merged moments of M groups of N (x R) members each.
 
     M = count (at least 2), n = N >= 2, r = R >= 1 (r = 1: 2 levels). With SSB, SSM, SSW the merged

@@ -221,11 +221,16 @@ def branch_spread_skill(components: Sequence, mean_mse, draws: Sequence[int]) ->
     ssr_c = sqrt((1 + 1/draws_c) U_c / MSE) for the components U_c (U_enc, U_drop[, U_route]) and their
     independent draws (`nested_finite_factors`); ssr_total = sqrt(sum_c ssr_c^2), which is 1 for a
     calibrated nested ensemble of any M, N (with N = 1 the usual sqrt((K+1)/K) spread / RMSE).
+
+    The components are aggregated unclipped (`verify.anova`), so ssr_total is built from unbiased means. A
+    branch whose true share is 0 can have a slightly negative mean; its ssr_c, a root, is then shown as 0
+    (the clip touches the displayed branch ratio only, never ssr_total or the components).
     """
     names = ("ssr_enc", "ssr_drop", "ssr_route")[: len(components)]
     with np.errstate(divide="ignore", invalid="ignore"):
         sq = [f * u / mean_mse for f, u in zip(nested_finite_factors(draws), components, strict=True)]
-        return {**{n: np.sqrt(v) for n, v in zip(names, sq, strict=True)}, "ssr_total": np.sqrt(sum(sq))}
+        return {**{n: np.sqrt(np.maximum(v, 0.0)) for n, v in zip(names, sq, strict=True)},
+                "ssr_total": np.sqrt(sum(sq))}
 
 
 def crps_field_nested(forecast: xr.DataArray, truth: xr.DataArray, group_dim: str = ENCODER_DRAW,

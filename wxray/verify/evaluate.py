@@ -35,7 +35,7 @@ from wxray.config import InPath, NonNegInt, PathKey, PosInt, Range, Seed
 from wxray.data.schema import LAT, LON, TIME, channels, longitude_convention
 from wxray.errors import ConfigError, DataError
 from wxray.io import atomic_path
-from wxray.job import JobConfig, JobContext
+from wxray.job import JobConfig, JobContext, say
 from wxray.verify.forecasts import (
     INIT,
     LEAD,
@@ -49,6 +49,7 @@ from wxray.verify.forecasts import (
     same_grid,
     truth_at,
 )
+from wxray.verify.inference import MIN_FIXED_B_LENGTH, MIN_SERIES_LENGTH
 from wxray.verify.plots import write_plots
 from wxray.verify.scorecard import REL_DIFF_CONVENTION, Model, build_scorecard, scorecard_table
 from wxray.verify.spatial import RegionName
@@ -212,6 +213,7 @@ def headline(card: xr.Dataset) -> dict[str, Any]:
     out: dict[str, Any] = {"n_channels": card.sizes["channel"], "leads_h": [float(h) for h in hours],
                            "n_init": int(card["n_init"].min()), "nan_points": int(card["nan_points"].sum())}
     out["n_members"] = int(card.attrs["n_members"])
+    out["intervals"] = str(card.attrs.get("intervals", "all"))  # "none"/"partial": too few inits for the method
     if "units" in card.coords:
         out["units"] = {str(ch): str(u) for ch, u in zip(card["channel"].values, card["units"].values)}
     compared = "significant" in card
@@ -253,6 +255,12 @@ def _log_metrics(card: xr.Dataset, ctx: JobContext) -> None:
         ctx.tracker.log_metrics(values, step=int(round(h)))
 
 
+def min_inits(method: str) -> str:
+    if method == "fixed-b":
+        return f"at least {MIN_FIXED_B_LENGTH}"
+    return f"at least {MIN_SERIES_LENGTH} and twice the block length"
+
+
 def score_stations(cfg: EvaluateConfig) -> xr.Dataset:
     """Station scores (`wxray.verify.stations`) of `stations`, beside its baseline on the same pairs."""
     bilinear = cfg.station_baseline == "bilinear"
@@ -289,6 +297,10 @@ def evaluate(cfg: EvaluateConfig, ctx: JobContext) -> dict[str, Any]:
                       region=cfg.region, n_bootstrap=cfg.n_bootstrap, confidence=cfg.confidence,
                       significance=cfg.significance, significance_method=cfg.significance_method,
                       acc="yes" if climatology is not None else "no climatology")
+    if card.attrs["intervals"] != "all":
+        say(f"warning: {int(card['n_init'].min())} initialisation(s) are too few for the "
+            f"{cfg.significance_method} intervals and tests (it needs {min_inits(cfg.significance_method)}): "
+            "scores without intervals or significance")
     out = ctx.out_dir
     if cfg.plots:
         with atomic_path(out / "plots") as tmp:

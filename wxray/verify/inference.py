@@ -81,6 +81,12 @@ def check_method(method: str) -> None:
         raise DataError(f"significance method must be one of {', '.join(METHODS)}, got {method!r}")
 
 
+def min_series_length(block_length: int | None) -> int:
+    """The fewest initialisations the intervals take: max(4, 2L) for the bootstrap with block length L,
+    `MIN_FIXED_B_LENGTH` = 6 for fixed-b (`block_length` None; see the module docstring)."""
+    return MIN_FIXED_B_LENGTH if block_length is None else max(MIN_SERIES_LENGTH, 2 * block_length)
+
+
 def check_series_length(n: int, block_length: int | None, what: str) -> None:
     """Enough initialisations for the bootstrap (`block_length` L: n >= max(4, 2L)), or for fixed-b (None:
     n >= `MIN_FIXED_B_LENGTH` = 6, see the module docstring)."""

@@ -235,16 +235,33 @@ def heatmap_metrics(ds: xr.Dataset) -> list[str]:
             and np.isfinite(ds["rel_diff"].sel(metric=m)).any()]
 
 
+def no_intervals_note(ds: xr.Dataset) -> str | None:
+    """The line a figure carries where the scorecard has no intervals or tests (too few initialisations)."""
+    state = str(ds.attrs.get("intervals", "all"))
+    if state == "all":
+        return None
+    where = "" if state == "none" else " at some leads"
+    return (f"no intervals or significance{where}: {int(ds['n_init'].min())} initialisation(s) are too few for "
+            f"the {ds.attrs.get('significance_method', 'fixed-b')} method")
+
+
+def _noted(fig: Figure, ds: xr.Dataset) -> Figure:
+    note = no_intervals_note(ds)
+    if note:
+        fig.text(0.5, 0.0, note, ha="center", va="bottom", fontsize="small", color="tab:red")
+    return fig
+
+
 def figures(ds: xr.Dataset) -> Iterator[tuple[str, Figure]]:
     """(file name, figure) for every figure of a scorecard, built one at a time."""
     metrics = [m for m in ds["metric"].values if np.isfinite(ds["value"].sel(metric=m)).any()]
     for m in heatmap_metrics(ds):
-        yield f"scorecard_{m}.png", plot_heatmap(ds, m)
+        yield f"scorecard_{m}.png", _noted(plot_heatmap(ds, m), ds)
     for m in metrics:
         if m in LINE_METRICS:
-            yield f"score_{m}.png", plot_metric(ds, m)
+            yield f"score_{m}.png", _noted(plot_metric(ds, m), ds)
     if "ssr" in metrics:
-        yield "spread_skill.png", plot_spread_skill(ds)
+        yield "spread_skill.png", _noted(plot_spread_skill(ds), ds)
     if "rank_histogram" in ds:
         yield "rank_histogram.png", plot_rank_histograms(ds)
     for ch in ds["channel"].values:

@@ -12,6 +12,10 @@ Layout (an xarray Dataset, written as netCDF; `scorecard_table` gives the same a
   bootstrap with the Wilks (1997) block length, the same resamples for every series (paired);
 * `n_init`, `block_length` (channel, lead_time): series length and lag window: the Bartlett bandwidth
   M = ceil(2 sqrt n) (fixed-b) or the largest Wilks block length of the series (paper);
+* `has_intervals` (channel, lead_time): 1 where the series is long enough for the method's intervals and
+  tests, 0 where it is not (fewer than 6 inits for fixed-b, max(4, 2L) for the bootstrap): there the scores
+  are the point estimates alone, every interval, DM test and `significant` NaN (block_length 0), and attr
+  `intervals` says so ("none" or "partial"; "all" otherwise);
 * with a baseline: `baseline_value`, `baseline_ci_lower/upper`, `rel_diff` = value / baseline - 1
   (`REL_DIFF_CONVENTION`: negative is better for rmse/mae/crps, positive for acc/ssim) with
   `rel_ci_lower/upper`, and the Diebold-Mariano test of the per-initialisation loss differential
@@ -51,6 +55,7 @@ from wxray.verify.inference import (
     diebold_mariano,
     hac_bandwidth,
     hac_interval,
+    min_series_length,
 )
 from wxray.verify.spatial import spatial_mean
 
@@ -152,22 +157,28 @@ def score_series(forecast: xr.DataArray, truth: xr.DataArray, climatology: xr.Da
     return series, maps, hist
 
 
-def _ci(arrays: list[np.ndarray], statistic, idx: np.ndarray | None, confidence: float):
-    # idx: the paper's shared bootstrap indices; None: the fixed-b interval (paired through the jackknife)
-    if idx is None:
-        return hac_interval(arrays, statistic, confidence=confidence)
-    return block_bootstrap(arrays, statistic, confidence=confidence, indices=idx)
+NO_INTERVALS = "no intervals"  # `_ci`'s index argument where the series is too short for the method's intervals
 
 
-def _interval(series: dict[str, np.ndarray], metric: Metric, idx: np.ndarray | None, confidence: float):
-    arrays = [series[k] for k in metric.inputs]
-    if not all(np.isfinite(a).all() for a in arrays):
-        return np.nan, np.nan, np.nan
-    ci = _ci(arrays, metric.aggregate, idx, confidence)
+def _ci(arrays: list[np.ndarray], statistic, idx, confidence: float) -> tuple[float, float, float]:
+    # idx: the paper's shared bootstrap indices; None: the fixed-b interval (paired through the jackknife);
+    # NO_INTERVALS: the estimate alone
+    if isinstance(idx, str):
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return float(np.asarray(statistic(*arrays))), np.nan, np.nan
+    ci = (hac_interval(arrays, statistic, confidence=confidence) if idx is None
+          else block_bootstrap(arrays, statistic, confidence=confidence, indices=idx))
     return float(ci.estimate), float(ci.lower), float(ci.upper)
 
 
-def _relative(sf: dict, sb: dict, metric: Metric, idx: np.ndarray | None, confidence: float):
+def _interval(series: dict[str, np.ndarray], metric: Metric, idx, confidence: float):
+    arrays = [series[k] for k in metric.inputs]
+    if not all(np.isfinite(a).all() for a in arrays):
+        return np.nan, np.nan, np.nan
+    return _ci(arrays, metric.aggregate, idx, confidence)
+
+
+def _relative(sf: dict, sb: dict, metric: Metric, idx, confidence: float):
     k = len(metric.inputs)
     arrays = [sf[i] for i in metric.inputs] + [sb[i] for i in metric.inputs]
     if not all(np.isfinite(a).all() for a in arrays):
@@ -177,8 +188,7 @@ def _relative(sf: dict, sb: dict, metric: Metric, idx: np.ndarray | None, confid
         with np.errstate(divide="ignore", invalid="ignore"):
             return metric.aggregate(*a[:k]) / metric.aggregate(*a[k:]) - 1
 
-    ci = _ci(arrays, rel, idx, confidence)
-    return float(ci.estimate), float(ci.lower), float(ci.upper)
+    return _ci(arrays, rel, idx, confidence)
 
 
 @dataclass
@@ -243,14 +253,16 @@ def _score_lead(models: list[Model], metric_sets: list[list[Metric]], fields: li
         keep = np.logical_and.reduce([np.isfinite(v) for s in series for v in s.values()])
         series = [{k: v[keep] for k, v in s.items()} for s in series]
     n = len(next(iter(series[0].values())))
+    if n == 0:
+        check_series_length(n, None, what)  # nothing to score at all: an error, not a scorecard of NaN
     if cfg.method == "paper":  # one Wilks length and one set of bootstrap indices for every series (paired)
         lengths = [int(correlation_length(v)) for s in series for v in s.values() if np.isfinite(v).all()]
         ell = max(lengths, default=1)
-        check_series_length(n, ell, what)
-        idx = circular_block_indices(n, ell, cfg.n_bootstrap, rng)
+        idx = circular_block_indices(n, ell, cfg.n_bootstrap, rng) if n >= min_series_length(ell) else None
     else:  # fixed-b: ell is the Bartlett bandwidth M, the same for every series of this length
-        check_series_length(n, None, what)
-        ell, idx = hac_bandwidth(n), None
+        ell, idx = (hac_bandwidth(n), None) if n >= min_series_length(None) else (0, None)
+    if n < min_series_length(ell if cfg.method == "paper" else None):  # scores, but no intervals or tests
+        ell, idx = 0, NO_INTERVALS
     names = [m.name for m in metric_sets[0]]
     row = {k: np.full(len(names), np.nan) for k in ("value", "ci_lower", "ci_upper")}
     if len(models) > 1:
@@ -267,7 +279,7 @@ def _score_lead(models: list[Model], metric_sets: list[list[Metric]], fields: li
         r = _relative(series[0], series[1], metric, idx, cfg.confidence)
         row["rel_diff"][i], row["rel_ci_lower"][i], row["rel_ci_upper"][i] = r
         loss_f, loss_b = series[0][metric.loss], series[1][metric.loss]
-        if np.isfinite(loss_f).all() and np.isfinite(loss_b).all():
+        if ell and np.isfinite(loss_f).all() and np.isfinite(loss_b).all():
             dm = diebold_mariano(loss_f, loss_b, lag=ell if cfg.method == "paper" else ell - 1, method=cfg.method)
             row["dm_statistic"][i], row["dm_p_value"][i] = float(dm.statistic), float(dm.p_value)
             row["significant"][i] = float(np.nan_to_num(dm.p_value, nan=1.0) < cfg.significance)
@@ -324,11 +336,18 @@ def build_scorecard(forecast: Model, truth: xr.Dataset, channels: list[Channel],
     ds = _assemble(out, metric_sets[0], channels, leads, n_init, block, nan_points, maps, hists)
     units = [channel_units(ch, truth, forecast.data) for ch in channels]
     ds = ds.assign_coords(units=("channel", units))
+    ds["has_intervals"] = (("channel", LEAD), (block > 0).astype(np.int64))
     ds.attrs.update(forecast=forecast.name, baseline=baseline.name if baseline is not None else "",
-                    significance_method=method)
+                    significance_method=method, intervals=intervals_state(ds))
     if baseline is not None:
         ds.attrs["rel_diff_convention"] = REL_DIFF_CONVENTION
     return ds
+
+
+def intervals_state(ds: xr.Dataset) -> str:
+    """"all", "partial" or "none": where the scorecard has intervals and tests (`has_intervals`)."""
+    has = ds["has_intervals"].values
+    return "all" if has.all() else "none" if not has.any() else "partial"
 
 
 def channel_units(ch: Channel, *sources: xr.Dataset) -> str:

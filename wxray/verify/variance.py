@@ -7,9 +7,14 @@ U_route (the Sparse-Reslim token selection). Over a set of inits:
     maps      mean over inits of each U, per lead and point; rho_drop = mean U_drop / mean U_total
     curves    latitude-weighted domain means of the maps per lead; rho_drop = mean U_drop / mean U_total
               (a ratio of means: a point with little spread does not weigh as much as one with a lot)
-    scores    ensemble-mean RMSE, fair CRPS (stored members only), spread-skill in total and per branch:
-              ssr_b = sqrt((K+1)/K) sqrt(mean U_b / MSE), sharing the ensemble-mean MSE, so the squares add up
-              to ssr_total^2 (K = M N R members)
+    scores    ensemble-mean RMSE, fair CRPS of the nested design (stored members only), spread-skill in
+              total and per branch: ssr_b = sqrt((1 + 1/D_b) mean U_b / MSE) with D_b the independent draws
+              of level b (M, M N, M N R), sharing the ensemble-mean MSE, so the squares add up to
+              ssr_total^2 (`verify.ensemble.branch_spread_skill`; 1 for a calibrated nested ensemble)
+
+Every U is the unclipped, unbiased ANOVA estimate (`anova.py`): the maps, curves, shares and ratios average
+it as it is, negative point values included, so none of them is biased upwards where a true component is
+small. Only the plots (`ensemble_report.plot_maps`) start their colour scale at 0.
 
 From stored members (`split_members`) or from streamed moments (`split_moments`): the two give the same
 numbers to float tolerance.
