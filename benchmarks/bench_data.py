@@ -24,8 +24,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from wxray.platform.datasets import DataConfig, prepare_windows, window_dataset  # noqa: E402
-from wxray.platform.windows import WindowReader  # noqa: E402
+from wxray.data.window_data import DataConfig, prepare_windows
+from wxray.data.windows import WindowReader
+from wxray.platform.train.datasets import window_dataset
 
 
 def plain_loop(reader, anchors, batch: int) -> float:
@@ -63,8 +64,8 @@ def main() -> None:
     import ray.data
 
     if args.obs:
-        from wxray.platform.e2e_config import ObsDataConfig
-        from wxray.platform.e2e_data import E2EReader, e2e_dataset, prepare_e2e
+        from wxray.data.e2e_windows import E2EReader, ObsDataConfig, prepare_e2e
+        from wxray.platform.train.datasets import e2e_dataset
 
         e2e = prepare_e2e(ObsDataConfig(store=args.store, obs_dir=args.obs, history=1,
                                         split_fractions=(1.0, 0.0, 0.0)), patch_size=1)

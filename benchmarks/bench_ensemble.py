@@ -48,8 +48,8 @@ import numpy as np
 
 def _setup(args):
     from wxray.config import load_config
-    from wxray.platform.ensemble import EnsembleConfig, build_models
-    from wxray.platform.ensemble_units import Plan
+    from wxray.platform.ensemble.batch import EnsembleConfig, build_models
+    from wxray.platform.inference.units import Plan
 
     m, n, r = args.members
     cfg = load_config(EnsembleConfig, [f"checkpoint={args.checkpoint}", f"members.M={m}", f"members.N={n}",
@@ -62,8 +62,8 @@ def _setup(args):
 
 
 def run_actors(models, plan, units, anchors, times, data, actors: int) -> float:
-    from wxray.platform.e2e_data import E2EReader
-    from wxray.platform.ensemble_actors import fan_out
+    from wxray.data.e2e_windows import E2EReader
+    from wxray.platform.ensemble.actors import fan_out
 
     reader = E2EReader(data.spec, data.obs)
     got = []
@@ -79,14 +79,14 @@ class _Replica:
         import ray
         import torch
 
-        from wxray.platform.e2e_data import E2EReader
+        from wxray.data.e2e_windows import E2EReader
 
         torch.set_num_threads(1)
         self.models = ray.get(models_ref[0]).prepare(plan.dropout)
         self.plan, self.reader, self.anchors, self.times = plan, E2EReader(spec, obs), anchors, times
 
     def __call__(self, batch):
-        from wxray.platform.ensemble_units import run_unit
+        from wxray.platform.inference.units import run_unit
 
         a, i = int(batch["a"][0]), int(batch["i"][0])
         unit = run_unit(self.models, self.reader.inputs(self.anchors[[a]]), self.times[a], i, self.plan)
@@ -109,8 +109,8 @@ def run_ray_data(models, plan, units, anchors, times, data, actors: int) -> floa
 def run_in_process(models, plan, units, anchors, times, data, actors: int, one_by_one: bool = False) -> float:
     import torch
 
-    from wxray.platform.e2e_data import E2EReader
-    from wxray.platform.ensemble_units import run_unit
+    from wxray.data.e2e_windows import E2EReader
+    from wxray.platform.inference.units import run_unit
 
     reader = E2EReader(data.spec, data.obs)
     local = copy.deepcopy(models).prepare(plan.dropout)  # prepare() switches modes in place
@@ -185,7 +185,7 @@ def main() -> None:
             Path(args.json).write_text(json.dumps(rows, indent=2))
         return
 
-    from wxray.platform.accelerators import ensure_ray
+    from wxray.platform.cluster.session import ensure_ray
 
     ensure_ray()
     import ray.data

@@ -9,7 +9,7 @@ import torch
 import torch.nn as nn
 from torch.utils import flop_counter
 
-from wxray.platform.accelerators import compute
+from wxray.platform.cluster.devices import compute
 
 
 def _sdpa_cpu_flops() -> dict:

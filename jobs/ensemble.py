@@ -8,7 +8,7 @@
 import sys
 
 from wxray.job import run_job
-from wxray.platform.ensemble import EnsembleConfig, ensemble
+from wxray.platform.ensemble.batch import EnsembleConfig, ensemble
 
 if __name__ == "__main__":
     sys.exit(run_job("ensemble", EnsembleConfig, ensemble, doc=__doc__))

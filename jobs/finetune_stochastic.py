@@ -10,7 +10,7 @@ both finetuned with the fair CRPS over members held as a batch dimension.
 import sys
 
 from wxray.job import run_job
-from wxray.platform.stochastic import FinetuneStochasticConfig, finetune_stochastic
+from wxray.platform.train.stochastic import FinetuneStochasticConfig, finetune_stochastic
 
 if __name__ == "__main__":
     sys.exit(run_job("finetune_stochastic", FinetuneStochasticConfig, finetune_stochastic, doc=__doc__))

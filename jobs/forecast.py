@@ -6,7 +6,7 @@
     python jobs/forecast.py checkpoint=<dir> routing_members=10 seed=0   # routing draws as an ensemble
     python jobs/evaluate.py forecast=<out_dir>/forecast.zarr truth=<store>   # CRPS, spread-skill, ...
 
-Every option is a field of `wxray.platform.forecast.ForecastConfig`; bad input exits 2 with a one-line error.
+Every option is a field of `wxray.platform.inference.forecast.ForecastConfig`; bad input exits 2 with a one-line error.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 import sys
 
 from wxray.job import run_job
-from wxray.platform.forecast import ForecastConfig, forecast
+from wxray.platform.inference.forecast import ForecastConfig, forecast
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,7 +7,7 @@
 import sys
 
 from wxray.job import run_job
-from wxray.platform.ose import OSEConfig, ose
+from wxray.platform.ensemble.ose import OSEConfig, ose
 
 if __name__ == "__main__":
     sys.exit(run_job("ose", OSEConfig, ose, doc=__doc__))

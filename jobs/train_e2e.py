@@ -11,8 +11,8 @@
 import sys
 
 from wxray.job import run_job
-from wxray.platform.e2e import train_e2e
-from wxray.platform.e2e_config import TrainE2EConfig
+from wxray.platform.train.e2e import train_e2e
+from wxray.platform.train.stage_config import TrainE2EConfig
 
 if __name__ == "__main__":
     sys.exit(run_job("train_e2e", TrainE2EConfig, train_e2e, doc=__doc__))

@@ -9,8 +9,8 @@
 import sys
 
 from wxray.job import run_job
-from wxray.platform.train_config import TrainSparseConfig
-from wxray.platform.trainer import train_sparse
+from wxray.platform.train.config import TrainSparseConfig
+from wxray.platform.train.sparse import train_sparse
 
 if __name__ == "__main__":
     sys.exit(run_job("train_sparse", TrainSparseConfig, train_sparse, doc=__doc__))

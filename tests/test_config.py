@@ -96,7 +96,7 @@ def test_dict_values_are_coerced_and_checked(tmp_path):
 
 def test_a_section_given_in_part_keeps_its_owners_defaults():
     from wxray.config import load_config
-    from wxray.platform.e2e_config import TrainE2EConfig
+    from wxray.platform.train.stage_config import TrainE2EConfig
 
     cfg = load_config(TrainE2EConfig, ["data.batch_size=4", "processor.embed_dim=64"])
     assert (cfg.data.history, cfg.data.batch_size) == (1, 4)  # history 1 is the e2e factory's, not DataConfig's

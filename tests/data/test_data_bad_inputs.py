@@ -140,8 +140,8 @@ def test_levels_asked_of_data_without_levels_is_refused_alike(run_prepare, tmp_p
     """levels=[500] on surface-only data: prepare_data (normalize.select) and training (schema.channels via
     make_spec, data.levels) refuse it with the same words, naming the source and what exists."""
     from wxray.data.schema import channels, open_store
+    from wxray.data.windows import WindowConfig, make_spec
     from wxray.errors import DataError
-    from wxray.platform.windows import WindowConfig, make_spec
 
     path = tmp_path / "surface.nc"
     synthetic(n_times=6)[["t2m"]].to_netcdf(path)

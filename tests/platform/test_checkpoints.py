@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from wxray.errors import CheckpointError
-from wxray.platform import checkpoints
+from wxray.platform.train import checkpoints
 
 
 def test_resume_epoch_counts_epochs_completed_in_both_formats():

@@ -7,8 +7,9 @@ import json
 import numpy as np
 import pytest
 
-from wxray.platform.datasets import DataConfig, build_datasets, exactly_once_data_config
-from wxray.platform.windows import WindowReader
+from wxray.data.window_data import DataConfig
+from wxray.data.windows import WindowReader
+from wxray.platform.train.datasets import build_datasets, exactly_once_data_config
 
 
 def _shard_loop(config):

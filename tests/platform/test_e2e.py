@@ -14,15 +14,15 @@ import torch
 import xarray as xr
 
 from wxray.config import dump_yaml, load_config
+from wxray.data.e2e_windows import E2EReader, ObsDataConfig, prepare_e2e, time_features
 from wxray.data.schema import open_store
 from wxray.errors import CheckpointError, ConfigError
 from wxray.job import run_job
-from wxray.platform.datasets import exactly_once_data_config
-from wxray.platform.e2e import initial_weights, train_e2e
-from wxray.platform.e2e_config import ObsDataConfig, TrainE2EConfig
-from wxray.platform.e2e_data import E2EReader, build_e2e_datasets, prepare_e2e, time_features
-from wxray.platform.forecast_e2e import ForecastE2EConfig, forecast_e2e
-from wxray.platform.stochastic import FinetuneStochasticConfig, finetune_stochastic
+from wxray.platform.inference.forecast_e2e import ForecastE2EConfig, forecast_e2e
+from wxray.platform.train.datasets import build_e2e_datasets, exactly_once_data_config
+from wxray.platform.train.e2e import initial_weights, train_e2e
+from wxray.platform.train.stage_config import TrainE2EConfig
+from wxray.platform.train.stochastic import FinetuneStochasticConfig, finetune_stochastic
 from wxray.verify.evaluate import EvaluateConfig, evaluate
 from wxray.verify.variance import split_members, split_moments
 
@@ -250,8 +250,8 @@ def test_ensemble_and_ose_jobs_on_actors(chain, tmp_path, capsys):
     """jobs/ensemble.py with a routing level, its maps, scores and MLflow metrics; jobs/ose.py on one stream."""
     import mlflow
 
-    from wxray.platform.ensemble import EnsembleConfig, ensemble
-    from wxray.platform.ose import OSEConfig, ose
+    from wxray.platform.ensemble.batch import EnsembleConfig, ensemble
+    from wxray.platform.ensemble.ose import OSEConfig, ose
 
     stages, uri, _ = chain
     _uplifted(stages)

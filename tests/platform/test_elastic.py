@@ -27,8 +27,8 @@ import ray
 from ray.cluster_utils import Cluster
 from tests.platform.conftest import write_tiny_store
 from wxray.job import run_job
-from wxray.platform.train_config import TrainSparseConfig
-from wxray.platform.trainer import train_sparse
+from wxray.platform.train.config import TrainSparseConfig
+from wxray.platform.train.sparse import train_sparse
 
 tmp = Path(sys.argv[1])
 store = tmp / "waves.zarr"

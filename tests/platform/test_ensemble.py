@@ -10,16 +10,16 @@ import torch
 import xarray as xr
 
 from wxray.config import load_config
+from wxray.data.e2e_windows import E2EReader, prepare_e2e
 from wxray.data.schema import TIME, open_store
 from wxray.errors import ConfigError, WxrayError
 from wxray.models import StochasticEncoder
-from wxray.platform.e2e_config import TrainE2EConfig
-from wxray.platform.e2e_data import E2EReader, prepare_e2e
-from wxray.platform.e2e_models import build_encoder
-from wxray.platform.ensemble_actors import actor_capacity, fan_out
-from wxray.platform.ensemble_store import DONE, EnsembleStore, Layout
-from wxray.platform.ensemble_units import Plan, UnitModels, run_unit
-from wxray.platform.trainer_loop import build_forecaster
+from wxray.platform.ensemble.actors import actor_capacity, fan_out
+from wxray.platform.ensemble.store import DONE, EnsembleStore, Layout
+from wxray.platform.inference.units import Plan, UnitModels, run_unit
+from wxray.platform.train.loop import build_forecaster
+from wxray.platform.train.stage_config import TrainE2EConfig
+from wxray.platform.train.stages import build_encoder
 from wxray.verify.anova import nested_anova
 from wxray.verify.variance import split_members, split_moments
 
@@ -125,7 +125,7 @@ def _anova(fields: np.ndarray, lead: int, clip=True):
 
 def test_actors_kill_and_resume_give_the_same_members_and_moments_the_same_split(ray_session, setup, tmp_path,
                                                                                     monkeypatch):
-    from wxray.platform import ensemble_store
+    from wxray.platform.ensemble import store as ensemble_store
 
     plan = Plan(members_m=3, members_n=2, members_r=2, lead_steps=2, seed=7, dropout=0.2)
     # one actor, and a run denying a stream in the same fan-out (as jobs/ose.py runs them): each run's members
@@ -226,7 +226,7 @@ def test_actor_capacity_and_requests_no_cluster_meets(ray_session):
     assert actor_capacity(nodes, 1, 0) == 24
     assert actor_capacity(nodes, 2, 0.5) == 8  # GPU-bound on the first node, none on the second
     assert actor_capacity(nodes, 1, 1) == 4
-    from wxray.platform.ensemble_actors import check_fits
+    from wxray.platform.ensemble.actors import check_fits
 
     with pytest.raises(ConfigError, match="num_gpus=1"):
         check_fits(1, 1, 1)  # the test cluster has no GPU: an error, not a wait
@@ -236,7 +236,7 @@ def test_actor_capacity_and_requests_no_cluster_meets(ray_session):
 
 
 def test_random_stream_denial_never_withholds_everything():
-    from wxray.platform.stochastic import random_keep
+    from wxray.platform.train.stochastic import random_keep
 
     g = torch.Generator().manual_seed(0)
     keep = random_keep(4000, 3, 0.4, g, "cpu")

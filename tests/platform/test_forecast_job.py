@@ -14,16 +14,16 @@ import xarray as xr
 from tests.platform.conftest import write_tiny_store
 from wxray.config import dump_yaml, to_dict
 from wxray.data.schema import open_stats, open_store
+from wxray.data.window_data import DataConfig, WindowData
+from wxray.data.windows import fit_spec, make_spec
 from wxray.job import JobContext, run_job
 from wxray.models import EDMForecaster
-from wxray.platform import checkpoints
-from wxray.platform.datasets import DataConfig, WindowData
-from wxray.platform.evaluation import evaluate_checkpoint
-from wxray.platform.forecast import ForecastConfig, forecast
-from wxray.platform.rollout import rollout
-from wxray.platform.train_config import ModelConfig, TrainSparseConfig
-from wxray.platform.trainer_loop import build_forecaster, model_identity
-from wxray.platform.windows import fit_spec, make_spec
+from wxray.platform.inference.forecast import ForecastConfig, forecast
+from wxray.platform.inference.rollout import rollout
+from wxray.platform.train import checkpoints
+from wxray.platform.train.config import ModelConfig, TrainSparseConfig
+from wxray.platform.train.evaluation import evaluate_checkpoint
+from wxray.platform.train.loop import build_forecaster, model_identity
 from wxray.provenance import store_fingerprint
 from wxray.verify.evaluate import EvaluateConfig, evaluate
 

@@ -10,11 +10,11 @@ import torch
 
 from tests.fixture_files import ERAINT
 from tests.platform.conftest import write_tiny_store
+from wxray.data.gridfit import fit_grid
 from wxray.data.schema import open_stats, open_store
+from wxray.data.windows import WindowConfig, WindowReader, fit_spec, make_spec
 from wxray.errors import ConfigError
 from wxray.models import lat_weighted_mse, latitude_weights
-from wxray.platform.gridfit import fit_grid
-from wxray.platform.windows import WindowConfig, WindowReader, fit_spec, make_spec
 
 
 @pytest.fixture
@@ -76,7 +76,7 @@ def test_crop_reads_the_kept_rows(odd_store):
 
 
 def test_pad_reads_padded_windows_and_masks_the_padding(odd_store):
-    from wxray.platform.trainer_loop import validate
+    from wxray.platform.train.loop import validate
 
     path, ds = odd_store
     spec = _spec(path, 2, "pad")
@@ -126,10 +126,10 @@ def eraint_store(tmp_path_factory):
 
 def test_eraint_grid_crops_to_the_paper_layout_and_forecasts(eraint_store):
     from wxray.data.schema import open_climatology
-    from wxray.platform.rollout import rollout, to_forecast_dataset
-    from wxray.platform.rollout_scores import rollout_report
-    from wxray.platform.train_config import ModelConfig
-    from wxray.platform.trainer_loop import build_forecaster
+    from wxray.platform.inference.rollout import rollout, to_forecast_dataset
+    from wxray.platform.train.config import ModelConfig
+    from wxray.platform.train.loop import build_forecaster
+    from wxray.verify.lead_scores import rollout_report
 
     store = open_store(eraint_store)
     assert store.sizes["latitude"] == 241 and store.latitude.values[0] == -90
@@ -166,8 +166,8 @@ def test_training_on_a_padded_grid_and_its_routing_ensemble(ray_session, tmp_pat
     import xarray as xr
 
     from wxray.job import run_job
-    from wxray.platform.train_config import TrainSparseConfig
-    from wxray.platform.trainer import train_sparse
+    from wxray.platform.train.config import TrainSparseConfig
+    from wxray.platform.train.sparse import train_sparse
     from wxray.verify.evaluate import EvaluateConfig, evaluate
 
     store = tmp_path / "odd.zarr"

@@ -13,8 +13,8 @@ import pytest
 import ray
 
 from wxray.errors import ConfigError
-from wxray.platform import accelerators as acc
-from wxray.platform import placement as pl
+from wxray.platform.cluster import placement as pl
+from wxray.platform.cluster import resources, scaling
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -42,8 +42,8 @@ def mixed(nvidia_free: float | None = None, amd_free: float | None = None) -> li
             node("a1", vendor="amd", free_gpus=amd_free, types=("AMD-Instinct-MI250X",))]
 
 
-def gpu_cfg(**kw) -> acc.ScalingCfg:
-    cfg = acc.ScalingCfg(use_gpu=True, **kw)
+def gpu_cfg(**kw) -> scaling.ScalingCfg:
+    cfg = scaling.ScalingCfg(use_gpu=True, **kw)
     cfg.validate()
     return cfg
 
@@ -120,7 +120,7 @@ def test_gpu_nodes_without_a_vendor_stay_unpinned_and_cpu_runs_are_untouched():
     assert found.pin is None and "not pinned" in found.reason
     with pytest.raises(ConfigError, match="scaling.gpus_per_worker=9: no GPU node has that many"):
         pl.resolve(gpu_cfg(gpus_per_worker=9), plain)
-    assert pl.resolve(acc.ScalingCfg(num_workers=64), mixed()) == pl.Placement()
+    assert pl.resolve(scaling.ScalingCfg(num_workers=64), mixed()) == pl.Placement()
 
 
 def test_check_cluster_fits_records_the_vendor_and_the_scaling_config_pins_it(monkeypatch):
@@ -128,16 +128,16 @@ def test_check_cluster_fits_records_the_vendor_and_the_scaling_config_pins_it(mo
     monkeypatch.setattr(pl, "cluster_nodes", lambda: nodes)
     monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 192.0, "GPU": 24.0})
     cfg = gpu_cfg(num_workers=2, gpus_per_worker=2)
-    assert acc.check_cluster_fits(cfg).vendor == "amd" and cfg.vendor == "amd"
-    sc = acc.ray_scaling_config(cfg)
+    assert resources.check_cluster_fits(cfg).vendor == "amd" and cfg.vendor == "amd"
+    sc = resources.ray_scaling_config(cfg)
     assert sc.label_selector == {pl.VENDOR_LABEL: "amd"} and sc.resources_per_worker == {"CPU": 1.0, "GPU": 2}
-    assert isinstance(acc.torch_config(cfg), pl.RocmTorchConfig)
+    assert isinstance(resources.torch_config(cfg), pl.RocmTorchConfig)
     nodes[:] = [node(n.node_id, vendor=n.vendor, label=False, gpus=n.gpus) for n in nodes]  # resources only
-    sc = acc.ray_scaling_config(cfg)
+    sc = resources.ray_scaling_config(cfg)
     assert sc.label_selector is None and sc.resources_per_worker == {"CPU": 1.0, "GPU": 2, "amd": 2}
-    cpu = acc.ScalingCfg(num_workers=2)
-    assert acc.check_cluster_fits(cpu) == pl.Placement() and cpu.vendor == "any"
-    assert acc.torch_config(cpu) is None and acc.torch_config(gpu_cfg(vendor="nvidia")) is None
+    cpu = scaling.ScalingCfg(num_workers=2)
+    assert resources.check_cluster_fits(cpu) == pl.Placement() and cpu.vendor == "any"
+    assert resources.torch_config(cpu) is None and resources.torch_config(gpu_cfg(vendor="nvidia")) is None
 
 
 def test_actor_options(monkeypatch):
@@ -172,7 +172,7 @@ t0 = time.monotonic()
 import ray
 from ray.cluster_utils import Cluster
 from wxray.errors import ConfigError
-from wxray.platform import accelerators as acc, placement as pl
+from wxray.platform.cluster import placement as pl
 
 # Two tiny nodes standing for the vendors, with fake GPUs (num_gpus): the head is the NVIDIA node with
 # cluster.yaml's label and vendor resource; the AMD node is named only by its resource (the other route).
@@ -198,9 +198,9 @@ class Member:
 # (a) one NVIDIA GPU busy: vendor=any resolves to AMD (more free), tasks placed like its workers stay there
 busy = Member.options(**pl.actor_options(1, "nvidia")).remote()
 out["busy_on"] = vendor[ray.get(busy.where.remote())[0]]
-cfg = acc.ScalingCfg(num_workers=2, use_gpu=True, cpus_per_worker=0.5)
-found = acc.check_cluster_fits(cfg)
-sc = acc.ray_scaling_config(cfg)
+cfg = scaling.ScalingCfg(num_workers=2, use_gpu=True, cpus_per_worker=0.5)
+found = resources.check_cluster_fits(cfg)
+sc = resources.ray_scaling_config(cfg)
 out["resolved"], out["recorded"] = found.vendor, cfg.vendor
 out["resources_per_worker"], out["label_selector"] = sc.resources_per_worker, sc.label_selector
 out["tasks_on"] = sorted(vendor[n] for n in ray.get([where.options(**found.pin.options(1)).remote()
@@ -231,9 +231,9 @@ out["b_s"] = time.monotonic() - t0
 # (c) impossible requests: an error at once, never a wait
 t = time.monotonic()
 errors = []
-for call in (lambda: acc.check_cluster_fits(acc.ScalingCfg(num_workers=3, use_gpu=True, vendor="amd",
+for call in (lambda: resources.check_cluster_fits(scaling.ScalingCfg(num_workers=3, use_gpu=True, vendor="amd",
                                                            cpus_per_worker=0.5)),
-             lambda: acc.check_cluster_fits(acc.ScalingCfg(use_gpu=True, gpus_per_worker=3)),
+             lambda: resources.check_cluster_fits(scaling.ScalingCfg(use_gpu=True, gpus_per_worker=3)),
              lambda: pl.actor_options(3, "amd", key="ensemble.gpus_per_member")):
     try:
         call()

@@ -10,8 +10,8 @@ import pytest
 from tests.platform.conftest import write_tiny_store
 from wxray.config import load_config
 from wxray.job import run_job
-from wxray.platform.train_config import TrainSparseConfig
-from wxray.platform.trainer import train_sparse
+from wxray.platform.train.config import TrainSparseConfig
+from wxray.platform.train.sparse import train_sparse
 
 PRESETS = sorted((Path(__file__).resolve().parents[2] / "configs" / "paper").glob("table*.yaml"))
 STOCHASTIC = sorted((Path(__file__).resolve().parents[2] / "configs" / "paper").glob("stochastic_*.yaml"))
@@ -33,7 +33,7 @@ def test_presets_are_the_papers_base_setups():
 
 
 def test_stochastic_presets_are_the_papers_recipe():
-    from wxray.platform.stochastic import FinetuneStochasticConfig
+    from wxray.platform.train.stochastic import FinetuneStochasticConfig
 
     assert [p.name for p in STOCHASTIC] == ["stochastic_encoder.yaml", "stochastic_processor.yaml"]
     enc, proc = (load_config(FinetuneStochasticConfig, ["--config", str(p)]) for p in STOCHASTIC)

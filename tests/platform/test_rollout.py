@@ -7,9 +7,9 @@ import numpy as np
 import torch
 
 from wxray.data.schema import open_stats, open_store
-from wxray.platform.rollout import rollout, to_forecast_dataset
-from wxray.platform.rollout_scores import score_per_lead
-from wxray.platform.windows import WindowConfig, make_spec
+from wxray.data.windows import WindowConfig, make_spec
+from wxray.platform.inference.rollout import rollout, to_forecast_dataset
+from wxray.verify.lead_scores import score_per_lead
 
 
 class ZeroTendency(torch.nn.Module):
@@ -85,7 +85,7 @@ def _with_climatology(path):
 
 def test_report_scores_acc_and_persistence_per_lead(tiny_store):
     from wxray.data.schema import open_climatology
-    from wxray.platform.rollout_scores import rollout_report
+    from wxray.verify.lead_scores import rollout_report
     from wxray.verify.spatial import latitude_weights
 
     path, ds = tiny_store
@@ -119,7 +119,7 @@ def test_report_scores_acc_and_persistence_per_lead(tiny_store):
 
 def test_report_without_climatology_has_no_acc(tiny_store):
     from wxray.data.schema import open_climatology
-    from wxray.platform.rollout_scores import rollout_report
+    from wxray.verify.lead_scores import rollout_report
 
     path, _ = tiny_store
     store = open_store(path)
@@ -131,8 +131,8 @@ def test_report_without_climatology_has_no_acc(tiny_store):
 
 
 def _tiny_model(spec):
-    from wxray.platform.train_config import ModelConfig
-    from wxray.platform.trainer_loop import build_forecaster
+    from wxray.platform.train.config import ModelConfig
+    from wxray.platform.train.loop import build_forecaster
 
     torch.manual_seed(0)
     return build_forecaster(ModelConfig(embed_dim=16, depth=3, num_heads=2, split=(1, 1, 1), keep_ratio=0.5,
@@ -179,7 +179,7 @@ def test_routing_members_are_own_draws_and_recompute_alone(tiny_store):
 
 
 def test_member_seed_scheme():
-    from wxray.platform.rollout import member_seed
+    from wxray.platform.inference.rollout import member_seed
 
     t = np.datetime64("2000-01-01T06:00:00.000000000")
     expected = np.random.SeedSequence([3, 946706400, 1]).generate_state(1, np.uint64)[0]
@@ -194,7 +194,7 @@ def test_forecast_store_has_members_units_and_consolidated_metadata(tiny_store, 
 
     import xarray as xr
 
-    from wxray.platform.rollout import write_forecast
+    from wxray.platform.inference.rollout import write_forecast
 
     path, _ = tiny_store
     store = open_store(path)
@@ -215,7 +215,7 @@ def test_one_rule_says_how_far_a_forecast_is_fed_back(tiny_store):
     """`check_rollout` (the forecast job) and `possible_steps` (the evaluation after training) share it."""
     import pytest
 
-    from wxray.platform.rollout import check_rollout, possible_steps
+    from wxray.platform.inference.rollout import check_rollout, possible_steps
 
     path, _ = tiny_store
     store, stats = open_store(path), open_stats(path)
@@ -243,7 +243,7 @@ def test_a_forecast_on_part_of_the_grid_is_scored_on_its_points(tiny_store):
 
     from wxray.data.schema import open_climatology
     from wxray.errors import DataError
-    from wxray.platform.rollout_scores import rollout_report
+    from wxray.verify.lead_scores import rollout_report
 
     path, _ = tiny_store
     store = _with_climatology(path)

@@ -16,8 +16,8 @@ import torch
 
 from tests.platform.conftest import write_tiny_store
 from wxray.job import run_job
-from wxray.platform.train_config import TrainSparseConfig
-from wxray.platform.trainer import train_sparse
+from wxray.platform.train.config import TrainSparseConfig
+from wxray.platform.train.sparse import train_sparse
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = ["data.generate_sample=false", "model.embed_dim=32", "model.depth=4", "model.split=[1,2,1]",
@@ -147,7 +147,7 @@ def test_worker_side_errors_reach_the_user_as_one_line():
     from ray.train.v2.api.exceptions import WorkerGroupError
 
     from wxray.errors import DataError
-    from wxray.platform.trainer import _training_error
+    from wxray.platform.train.sparse import _training_error
 
     inner = DataError("store s.zarr: NaN/inf in windows with anchors [3]; training needs complete fields")
     task = RayTaskError("read", "Traceback (most recent call last):\n  ...", inner)  # a Ray Data read task
@@ -187,12 +187,12 @@ def test_missing_store_is_an_error_and_creates_nothing(tmp_path, capsys, monkeyp
 def test_nan_store_fails_before_ray_starts(tmp_path, capsys, monkeypatch):
     import xarray as xr
 
-    from wxray.platform import accelerators
+    from wxray.platform.cluster import session
 
     def no_ray(*a, **k):
         raise AssertionError("Ray was started before the data were checked")
 
-    monkeypatch.setattr(accelerators, "ensure_ray", no_ray)
+    monkeypatch.setattr(session, "ensure_ray", no_ray)
     store = tmp_path / "nan.zarr"
     write_tiny_store(store, n_traj=2, steps=10, grid=(8, 16), levels=(500,))
     ds = xr.open_zarr(store, consolidated=False)
@@ -209,9 +209,9 @@ def test_nan_store_fails_before_ray_starts(tmp_path, capsys, monkeypatch):
 
 
 def test_unknown_channel_in_var_weights_is_an_error(tmp_path, wave_store, capsys, monkeypatch):
-    from wxray.platform import accelerators
+    from wxray.platform.cluster import session
 
-    monkeypatch.setattr(accelerators, "ensure_ray", lambda *a, **k: None)
+    monkeypatch.setattr(session, "ensure_ray", lambda *a, **k: None)
     rc, _, err = _run(capsys, wave_store, tmp_path, f"out_dir={tmp_path / 'run'}",
                       "train.var_weights={temperature_850: 2.0}")
     assert rc == 2
@@ -235,8 +235,8 @@ def test_unreachable_cluster_is_an_error_after_the_timeout(tmp_path, wave_store)
 def test_nan_in_a_constant_field_fails_on_the_driver(tmp_path):
     import xarray as xr
 
+    from wxray.data.window_data import DataConfig, prepare_windows
     from wxray.errors import DataError
-    from wxray.platform.datasets import DataConfig, prepare_windows
 
     store = tmp_path / "const.zarr"
     write_tiny_store(store, n_traj=2, steps=10, grid=(8, 16), levels=(500,))
@@ -248,14 +248,14 @@ def test_nan_in_a_constant_field_fails_on_the_driver(tmp_path):
 
 
 def test_ray_keywords_are_not_probed_as_addresses(monkeypatch):
-    from wxray.platform import accelerators
+    from wxray.platform.cluster import session
 
     calls = []
-    monkeypatch.setattr(accelerators, "_reachable", lambda *a: calls.append(a))
+    monkeypatch.setattr(session, "_reachable", lambda *a: calls.append(a))
     import ray
 
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     monkeypatch.setattr(ray, "init", lambda **kw: calls.append(("init", kw.get("address"))))
-    accelerators.ensure_ray("auto")
-    accelerators.ensure_ray("[::1]:6379")
+    session.ensure_ray("auto")
+    session.ensure_ray("[::1]:6379")
     assert calls == [("init", "auto"), ("[::1]:6379", 60.0), ("init", "[::1]:6379")]

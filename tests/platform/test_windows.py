@@ -6,8 +6,8 @@ import xarray as xr
 
 from tests.platform.conftest import write_tiny_store
 from wxray.data.schema import open_stats, open_store
+from wxray.data.windows import WindowConfig, WindowReader, make_spec, split_anchors, to_physical, valid_anchors
 from wxray.errors import ConfigError, DataError
-from wxray.platform.windows import WindowConfig, WindowReader, make_spec, split_anchors, to_physical, valid_anchors
 
 
 def test_valid_anchors_never_straddle_trajectories(tiny_store):

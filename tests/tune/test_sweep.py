@@ -18,7 +18,7 @@ import yaml
 
 from wxray.config import dump_yaml
 from wxray.job import prepare, run_job
-from wxray.platform.train_config import TrainSparseConfig
+from wxray.platform.train.config import TrainSparseConfig
 from wxray.tune.sweep import SweepConfig, sweep
 
 ROOT = Path(__file__).resolve().parents[2]

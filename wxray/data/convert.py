@@ -28,7 +28,7 @@ import xarray as xr
 from tqdm.auto import tqdm
 
 import wxray
-from wxray.data.normalize import MEMBER, Segment, combine, select
+from wxray.data.normalize import NUMBER, Segment, combine, select
 from wxray.data.schema import LAT, LEVEL, LON, TIME, TRAJECTORY, grid_attrs
 from wxray.data.sources import first_line, open_source
 from wxray.data.stats import add_stats
@@ -70,9 +70,9 @@ def _array(da: xr.DataArray, where: str, reduce_members: bool) -> tuple[tuple[st
     except Exception as e:  # a decoder error surfacing only when the data are read
         raise DataError(f"{where}: cannot read variable '{da.name}' ({first_line(e)})") from None
     dims = tuple(map(str, da.dims))
-    if reduce_members and MEMBER in dims:
-        arr = arr.mean(axis=dims.index(MEMBER), dtype=np.float64)
-        dims = tuple(d for d in dims if d != MEMBER)
+    if reduce_members and NUMBER in dims:
+        arr = arr.mean(axis=dims.index(NUMBER), dtype=np.float64)
+        dims = tuple(d for d in dims if d != NUMBER)
     return dims, arr.astype(np.float32)
 
 

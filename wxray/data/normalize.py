@@ -40,9 +40,9 @@ from wxray.data.schema import (
 from wxray.data.sources import Part
 from wxray.errors import DataError
 
-MEMBER = "number"
+NUMBER = "number"  # a source's ensemble-member dim (ERA5 EDA, GRIB); forecasts use schema.MEMBER
 MONTH_YEAR = 2000
-STORE_DIMS = (TIME, MEMBER, LEVEL, LAT, LON)
+STORE_DIMS = (TIME, NUMBER, LEVEL, LAT, LON)
 
 
 @dataclass
@@ -163,22 +163,22 @@ def normalize(ds: xr.Dataset, where: str) -> xr.Dataset:
 
 
 def _member(ds: xr.Dataset, member: int | str | None, where: str) -> tuple[xr.Dataset, bool]:
-    if MEMBER not in ds.dims:
+    if NUMBER not in ds.dims:
         if member is not None:
             raise DataError(f"{where}: member={member} asked for but the source has no ensemble members "
-                            f"(no '{MEMBER}' dimension)")
+                            f"(no '{NUMBER}' dimension)")
         return ds, False
-    have = [int(x) for x in ds[MEMBER].values] if MEMBER in ds.coords else list(range(ds.sizes[MEMBER]))
+    have = [int(x) for x in ds[NUMBER].values] if NUMBER in ds.coords else list(range(ds.sizes[NUMBER]))
     if member is None:
         if len(have) == 1:
-            return ds.isel({MEMBER: 0}, drop=True), False
+            return ds.isel({NUMBER: 0}, drop=True), False
         raise DataError(f"{where}: has {len(have)} ensemble members {have}; "
                         f"set member=<number> or member=mean")
     if member == "mean":
         return ds, True
     if member not in have:
         raise DataError(f"{where}: has no ensemble member {member} (members: {have})")
-    return ds.isel({MEMBER: have.index(int(member))}, drop=True), False
+    return ds.isel({NUMBER: have.index(int(member))}, drop=True), False
 
 
 def select(parts: list[Part], variables: list[str] | tuple[str, ...] = (),

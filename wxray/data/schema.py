@@ -36,6 +36,7 @@ import xarray as xr
 from wxray.errors import DataError
 
 TIME, LEVEL, LAT, LON = "time", "level", "latitude", "longitude"
+INIT, LEAD, MEMBER = "init_time", "lead_time", "member"  # the forecast convention: init x lead [x member]
 TRAJECTORY = "trajectory"
 STAT_NAMES = ("mean", "std", "diff_mean", "diff_std", "climatology")
 CONSTANT_VARIABLES = ("land_sea_mask", "geopotential_at_surface", "soil_type",

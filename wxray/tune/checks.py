@@ -59,7 +59,7 @@ def concurrency(cfg: SweepConfig, trial_cfgs: list, tracking_uri: str) -> int:
 def reported_metrics(trial_cfg) -> tuple[set[str], set[str]]:
     """(metrics every epoch report of a trial with this config carries, those only its last one carries):
     ASHA needs the first kind; an EDM's sampled validation RMSE is of the second."""
-    from wxray.platform.datasets import prepare_windows
+    from wxray.data.window_data import prepare_windows
 
     data = prepare_windows(trial_cfg.data)
     every = {"train/epoch_loss", "train/epoch_samples_per_s_per_worker", "epoch"}

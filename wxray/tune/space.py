@@ -23,7 +23,7 @@ from typing import Any
 
 from wxray.config import deep_merge, flatten, from_dict, to_dict
 from wxray.errors import ConfigError
-from wxray.platform.train_config import TrainSparseConfig
+from wxray.platform.train.config import TrainSparseConfig
 
 KINDS = ("grid", "choice", "uniform", "loguniform")
 SEED_KEY = "train.seed"  # of the training config; a config without `train` has `seed`

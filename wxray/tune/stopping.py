@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from wxray.platform.reporting import CONTINUE, STOP
+from wxray.platform.train.reporting import CONTINUE, STOP
 
 DECISIONS = ".decisions"
 

@@ -63,10 +63,10 @@ class SweepConfig(JobConfig):
 
     def job_config_class(self) -> type:
         if self.job == "forecast_e2e":
-            from wxray.platform.forecast_e2e import ForecastE2EConfig
+            from wxray.platform.inference.forecast_e2e import ForecastE2EConfig
 
             return ForecastE2EConfig
-        from wxray.platform.train_config import TrainSparseConfig
+        from wxray.platform.train.config import TrainSparseConfig
 
         return TrainSparseConfig
 
@@ -138,8 +138,8 @@ def trial_fn(config: dict[str, Any]) -> None:
     from ray import tune
     from ray.tune.integration.ray_train import TuneReportCallback
 
-    from wxray.platform.train_config import TrainSparseConfig
-    from wxray.platform.trainer import train_sparse
+    from wxray.platform.train.config import TrainSparseConfig
+    from wxray.platform.train.sparse import train_sparse
 
     trial_id, trial_dir = trial_dir_of(config)
     last = trial_dir / LAST_REPORT
@@ -272,7 +272,7 @@ def _mark_stopped(table, tracking: dict[str, Any]) -> None:
 def sweep(cfg: SweepConfig, ctx: JobContext) -> dict[str, Any]:
     from wxray.config import from_dict, resolve_paths
     from wxray.io import resolve_path
-    from wxray.platform import accelerators as acc
+    from wxray.platform.cluster import session
     from wxray.tune import results
 
     cls = cfg.job_config_class()
@@ -286,7 +286,7 @@ def sweep(cfg: SweepConfig, ctx: JobContext) -> dict[str, Any]:
     axes = parse_space(cfg.space, base, cfg.repeat, cls)
     trial_cfgs = [base_cfg] + [trial_config(base, {a.key: v}, cls) for a in axes for v in a.values]
     check_metric(cfg, trial_cfgs)
-    acc.ensure_ray(cfg.ray_address, timeout_s=cfg.ray_timeout_s)
+    session.ensure_ray(cfg.ray_address, timeout_s=cfg.ray_timeout_s)
     n_concurrent = concurrency(cfg, trial_cfgs, cfg.tracking.uri if cfg.tracking.enabled else "")
     total = n_trials(axes, cfg.num_samples)
     ctx.start()

@@ -4,6 +4,7 @@ No Ray here: these are plain functions over per-lead fields and per-initialisati
 the same code scores a forecast on a laptop or inside a Ray task.
 """
 
+from wxray.data.schema import MEMBER
 from wxray.verify.anova import (
     MOMENT,
     MOMENTS,
@@ -19,7 +20,6 @@ from wxray.verify.deterministic import acc, bias, climatology_at, mae, mse, rmse
 from wxray.verify.ensemble import (
     DROPOUT_DRAW,
     ENCODER_DRAW,
-    MEMBER,
     MEMBER_DIMS,
     branch_spread_skill,
     crps,

@@ -15,13 +15,12 @@ import numpy as np
 import xarray as xr
 from scores.probability import rank_histogram as _scores_rank_histogram
 
-from wxray.data.schema import LAT, LON
+from wxray.data.schema import LAT, LON, MEMBER
 from wxray.errors import DataError
 from wxray.verify.anova import DROPOUT_DRAW, ENCODER_DRAW, ROUTING_DRAW, nested_anova
 from wxray.verify.deterministic import RegionLike, mse
 from wxray.verify.spatial import latitude_weights, region_mask, spatial_mean
 
-MEMBER = "member"
 MEMBER_DIMS = (MEMBER, ENCODER_DRAW, DROPOUT_DRAW, ROUTING_DRAW)
 
 MemberDims = str | Sequence[str]

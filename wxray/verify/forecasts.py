@@ -11,7 +11,7 @@ latitude ascending; longitude ascending in the store convention (`wxray.data.sch
 [0, 360) for a global grid, a regional box contiguous, in (-180, 180] when it crosses 0 E). The forecast
 and baseline are then put in the truth's longitude convention (`check_grid`), so a forecast in [0, 360)
 and a truth in [-180, 180) on the same points match. A forecast on a block of the truth's points (a grid
-cropped to fit a model, `wxray.platform.gridfit`, or a regional box across 0 E, -45..45, of a global
+cropped to fit a model, `wxray.data.gridfit`, or a regional box across 0 E, -45..45, of a global
 [0, 360) truth) is scored on those truth points, without interpolation; a genuinely different grid is an
 error, or is interpolated with regrid=true (periodically in longitude only for a global source grid; a
 regional source covers only its arc, `longitude_arc`). Errors give longitudes on the canonical axis.
@@ -32,10 +32,13 @@ import xarray as xr
 from wxray.data.schema import (
     COORD_ALIASES,
     GLOBAL,
+    INIT,
     LAT,
+    LEAD,
     LEVEL,
     LON,
     LON_360,
+    MEMBER,
     SHORT_NAMES,
     TIME,
     canonical_longitudes,
@@ -46,9 +49,8 @@ from wxray.data.schema import (
 )
 from wxray.data.sources import detect_kind, first_line, open_grib, open_netcdf
 from wxray.errors import DataError
-from wxray.verify.ensemble import MEMBER, MEMBER_DIMS
+from wxray.verify.ensemble import MEMBER_DIMS
 
-INIT, LEAD = "init_time", "lead_time"
 # ERA5 ensemble files number their members; cfgrib calls the forecast step `step`.
 EXTRA_ALIASES = {"number": MEMBER, "ensemble_member": MEMBER, "realization": MEMBER, "step": LEAD}
 
@@ -324,7 +326,7 @@ def check_grid(forecast: xr.Dataset, truth: xr.Dataset, source: str, regrid: boo
 
     * the same grid: the truth's coordinates taken over;
     * a block of the truth grid (contiguous rows and columns, e.g. a model grid cropped to fit its
-      patches, wxray.platform.gridfit): kept with the truth's coordinate values; the caller scores it on
+      patches, wxray.data.gridfit): kept with the truth's coordinate values; the caller scores it on
       those truth points (`crop_to`). A regional forecast is a block either in the truth's convention or
       in its own canonical one (a box across 0 E, -45..45, of a global [0, 360) truth: then it is
       returned in (-180, 180], and `crop_to` cuts the truth, its climatology and a baseline to it);

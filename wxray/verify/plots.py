@@ -25,9 +25,8 @@ import xarray as xr
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from wxray.data.schema import LAT, LON
+from wxray.data.schema import LAT, LEAD, LON
 
-LEAD = "lead_time"
 MAX_LEADS_SHOWN = 4  # leads shown in map and rank-histogram grids
 MAX_LEAD_TICKS = 12
 LINE_METRICS = ("rmse", "bias", "mae", "acc", "ssim", "crps", "spread", "rho_drop", "rho_route")

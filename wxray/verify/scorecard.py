@@ -38,13 +38,13 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-from wxray.data.schema import LAT, LON, Channel, select_channel
+from wxray.data.schema import INIT, LAT, LEAD, LON, Channel, select_channel
 from wxray.errors import DataError
 from wxray.verify import deterministic as det
 from wxray.verify import ensemble as ens
 from wxray.verify.anova import SPLIT_COMPONENTS as NESTED_PARTS
 from wxray.verify.anova import nested_split
-from wxray.verify.forecasts import INIT, LEAD, truth_at
+from wxray.verify.forecasts import truth_at
 from wxray.verify.inference import (
     DEFAULT_METHOD,
     block_bootstrap,

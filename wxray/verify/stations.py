@@ -24,11 +24,11 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-from wxray.data.schema import GLOBAL, LAT, LEVEL, LON, LON_360, grid_kind, wrap_longitudes
+from wxray.data.schema import GLOBAL, INIT, LAT, LEAD, LEVEL, LON, LON_360, grid_kind, wrap_longitudes
 from wxray.data.sources import first_line
 from wxray.errors import DataError
 from wxray.verify.ensemble import MEMBER_DIMS
-from wxray.verify.forecasts import INIT, LEAD, longitude_arc
+from wxray.verify.forecasts import longitude_arc
 from wxray.verify.station_truth import pair_with_truth
 
 COLUMNS = ("init_time", "lead_time", "station", "latitude", "longitude", "variable", "value")

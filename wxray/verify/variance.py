@@ -27,6 +27,7 @@ from collections.abc import Sequence
 import numpy as np
 import xarray as xr
 
+from wxray.data.schema import INIT
 from wxray.errors import DataError
 from wxray.verify.anova import (
     DROPOUT_DRAW,
@@ -37,7 +38,6 @@ from wxray.verify.anova import (
     nested_split,
 )
 from wxray.verify.ensemble import branch_spread_skill, crps_field_nested
-from wxray.verify.forecasts import INIT
 from wxray.verify.spatial import spatial_mean
 
 COMPONENT = "component"

@@ -1,0 +1,184 @@
+"""Observing-system experiments (`jobs/ose.py`): what each observation stream contributes to the spread.
+
+    python jobs/ose.py checkpoint=runs/train_e2e/e2e members.M=4 members.N=4 deny=[stations,ships]
+    python jobs/ose.py checkpoint=runs/train_e2e/e2e                  # deny=[] : every stream, one at a time
+
+A baseline ensemble, then one rerun per stream with that stream's encoder embedding zeroed (`deny`), each
+fanned out on Ray actors like `jobs/ensemble.py` and sharing every draw with the baseline (common random
+numbers: the draws depend on (seed, init, i, j, k) only), so the differences are the stream's alone and
+not sampling noise. Per stream and lead, for U in (U_enc, U_drop[, U_route]):
+
+    change = mean over channels c of ( mean_t U_c^denied(t) / mean_t U_c^baseline(t) ) - 1
+
+with U_c(t) the latitude-weighted domain mean at init t of the unclipped (unbiased) component; its
+confidence interval the fixed-b interval of the scorecard, paired over inits (`verify.denial`; measured to
+hold its level, BENCHMARKS.md section 3), or with `significance_method=paper` the paper's paired circular
+block bootstrap.
+A stream the encoder leans on raises U_enc when withheld (the analysis is less certain); U_drop, the
+processor's own uncertainty, should move much less. With `members.R` > 1 the processor's random token
+selection is a level of its own, so U_drop is the dropout share alone (as in the paper, whose processor
+does not route) and U_route is reported beside it; with R = 1 the routing draw rides in U_drop. Streams
+are ranked by their U_enc change at `rank_lead`. Outputs: `<out>/baseline`, `<out>/deny_<stream>` (each an
+ensemble run's stores), ose.csv, plots/ose_ranking.png, plots/ose_leads.png, MLflow metrics `ose/<stream>/<u>` per lead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+import numpy as np
+import pandas as pd
+
+from wxray.config import NonNegInt, PosInt, Probability
+from wxray.data.schema import INIT, LEAD
+from wxray.errors import ConfigError, DataError
+from wxray.io import atomic_path
+from wxray.job import JobContext, say
+from wxray.platform.ensemble.batch import EnsembleConfig, build_models, run_members
+from wxray.platform.ensemble.report import channels, load_split
+from wxray.verify.anova import SPLIT_COMPONENTS
+from wxray.verify.denial import MIN_INITS, relative_change
+from wxray.verify.spatial import spatial_mean
+
+COMPONENTS = SPLIT_COMPONENTS
+
+
+@dataclass
+class OSEConfig(EnsembleConfig):
+    deny: list[str] = field(default_factory=list)  # streams to withhold, one rerun each; [] = every stream
+    keep_members: bool = False  # the split needs only the streamed moments
+    rank_lead: NonNegInt = 1  # lead step (0 = analysis) at which streams are ranked by their U_enc change
+    # fixed-b: the scorecard's HAC interval (holds its level); paper: the paired block bootstrap of the paper
+    significance_method: Literal["fixed-b", "paper"] = "fixed-b"
+    n_resamples: PosInt = 2000  # bootstrap resamples (significance_method=paper only)
+    confidence: Probability = 0.95  # of the intervals
+
+    experiment = "wxray-ose"
+
+    def run_label(self, job: str) -> str:
+        return f"ose-{self.members.M}x{self.members.N}"
+
+    def validate(self) -> None:
+        super().validate()
+        if not 0 <= self.rank_lead <= self.lead_steps:
+            raise ConfigError(f"rank_lead={self.rank_lead}: must lie in [0, lead_steps={self.lead_steps}]")
+
+
+def components(members_r: int) -> tuple[str, ...]:
+    """The variance components an OSE compares: U_route only where routing is a level (R > 1)."""
+    return COMPONENTS if members_r > 1 else COMPONENTS[:2]
+
+
+def domain_series(paths: dict, layout) -> dict[str, dict[str, np.ndarray]]:
+    """{component: {channel: (lead, init) domain means}} of one run's finished stores."""
+    _, parts = load_split(layout, paths)
+    out: dict[str, dict[str, np.ndarray]] = {c: {} for c in (*components(layout.plan.members_r), "u_total")}
+    for var, part in parts.items():
+        for c in out:
+            mean = spatial_mean(part[c])
+            for name, sel in channels(mean, var):
+                out[c][name] = mean.sel(sel).transpose(LEAD, INIT).values.astype(np.float64)
+    return out
+
+
+def change_table(series: dict[str, dict], streams: list[str], hours: list[float], cfg: OSEConfig) -> pd.DataFrame:
+    rows = []
+    for s in streams:
+        for c in components(cfg.members.R):
+            iv = relative_change(series["baseline"][c], series[s][c], method=cfg.significance_method,
+                                 confidence=cfg.confidence, n_resamples=cfg.n_resamples, seed=cfg.seed)
+            rows += [{"stream": s, "component": c, "lead_hours": h, "change": e, "lower": a, "upper": b}
+                     for h, e, a, b in zip(hours, iv.estimate, iv.lower, iv.upper, strict=True)]
+    return pd.DataFrame(rows)
+
+
+def plot_ose(table: pd.DataFrame, ranking: list[str], rank_hours: float, folder) -> list:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    comps = [c for c in COMPONENTS if c in set(table.component)]
+    folder.mkdir(parents=True, exist_ok=True)
+    at = table[table.lead_hours == rank_hours].set_index(["stream", "component"])
+    fig, ax = plt.subplots(figsize=(1.2 * len(ranking) + 2.5, 3.2), constrained_layout=True)
+    x = np.arange(len(ranking))
+    width = 0.8 / len(comps)
+    for k, (c, color) in enumerate(zip(comps, ("tab:blue", "tab:orange", "tab:green"), strict=False)):
+        est = np.array([at.loc[(s, c), "change"] for s in ranking]) * 100
+        err = np.array([[at.loc[(s, c), "change"] - at.loc[(s, c), "lower"],
+                         at.loc[(s, c), "upper"] - at.loc[(s, c), "change"]] for s in ranking]).T * 100
+        ax.bar(x + (k - (len(comps) - 1) / 2) * width, est, width, yerr=err, color=color, capsize=3, label=c)
+    ax.axhline(0, color="k", lw=0.8)
+    ax.set_xticks(x, ranking, rotation=20)
+    ax.set_ylabel("change when denied (%)")
+    ax.set_title(f"streams by their U_enc change at +{rank_hours:g} h")
+    ax.legend(fontsize=8)
+    paths = [folder / "ose_ranking.png"]
+    fig.savefig(paths[0], dpi=90)
+    plt.close(fig)
+    fig, axes = plt.subplots(1, len(comps), figsize=(4.5 * len(comps), 3.2), constrained_layout=True)
+    for ax, c in zip(axes, comps, strict=True):
+        for s in ranking:
+            part = table[(table.stream == s) & (table.component == c)]
+            ax.plot(part.lead_hours, part.change * 100, marker="o", label=s)
+            ax.fill_between(part.lead_hours, part.lower * 100, part.upper * 100, alpha=0.15)
+        ax.axhline(0, color="k", lw=0.8)
+        ax.set_xlabel("lead (h)")
+        ax.set_title(f"{c} change when denied (%)")
+    axes[0].legend(fontsize=7)
+    paths.append(folder / "ose_leads.png")
+    fig.savefig(paths[1], dpi=90)
+    plt.close(fig)
+    return paths
+
+
+def ose(cfg: OSEConfig, ctx: JobContext) -> dict[str, Any]:
+    models, layout, anchors, data, used = build_models(replace(cfg, deny=[]))
+    names = [s.name for s in data.obs.streams]
+    unknown = [s for s in cfg.deny if s not in names]
+    if unknown:
+        raise ConfigError(f"deny names {', '.join(unknown)}: not a stream the encoder reads ({', '.join(names)})")
+    streams = list(cfg.deny) or names
+    need = MIN_INITS[cfg.significance_method]
+    if len(anchors) < need:
+        raise DataError(f"inits: {len(anchors)} init(s); the OSE intervals (significance_method="
+                        f"{cfg.significance_method}) need at least {need}")
+    runs = {"baseline": (), **{s: (s,) for s in streams}}
+    layouts = [replace(layout, plan=replace(layout.plan, deny=deny), attrs={**layout.attrs, "deny": ",".join(deny)})
+               for deny in runs.values()]
+    dirs = {name: "baseline" if not deny else f"deny_{name}" for name, deny in runs.items()}
+    say(f"OSE: a baseline and {len(streams)} denial run(s) ({', '.join(streams)}), their units in one fan-out")
+    paths = run_members(cfg, ctx, models, layouts, anchors, data, sub_dirs=list(dirs.values()))
+    series = {name: domain_series(p, lay) for name, p, lay in zip(runs, paths, layouts, strict=True)}
+    hours = [float(k * layout.step / np.timedelta64(1, "h")) for k in range(cfg.lead_steps + 1)]
+    table = change_table(series, streams, hours, cfg)
+    with atomic_path(ctx.out_dir / "ose.csv") as tmp:
+        table.to_csv(tmp, index=False)
+    rank_hours = hours[cfg.rank_lead]
+    at = table[(table.lead_hours == rank_hours) & (table.component == "u_enc")].set_index("stream")["change"]
+    ranking = list(at.sort_values(ascending=False).index)
+    tracker = ctx.tracker
+    for row in table.itertuples():
+        if np.isfinite(row.change):
+            tracker.log_metrics({f"ose/{row.stream}/{row.component}": float(row.change)},
+                                step=hours.index(row.lead_hours))
+    tracker.log_artifact(ctx.out_dir / "ose.csv")
+    if cfg.plots:
+        for path in plot_ose(table, ranking, rank_hours, ctx.out_dir / "plots"):
+            tracker.log_artifact(path, "plots")
+    base = series["baseline"]
+    with np.errstate(divide="ignore", invalid="ignore"):  # a channel without spread: 0/0
+        rho = {f"baseline_rho_{c[2:]}": [round(float(v), 4) for v in np.nanmean(
+            [base[c][ch].mean(-1) / base["u_total"][ch].mean(-1) for ch in base[c]], axis=0)]
+            for c in components(cfg.members.R)[1:]}
+    at_rank = table[table.lead_hours == rank_hours].set_index(["stream", "component"])
+    changes = {s: {c: [round(float(at_rank.loc[(s, c), k]), 4) for k in ("change", "lower", "upper")]
+                   for c in components(cfg.members.R)} for s in streams}
+    say(f"streams by U_enc change at +{rank_hours:g} h: "
+        + ", ".join(f"{s} {changes[s]['u_enc'][0]:+.0%}" for s in ranking))
+    return {"ranking": ranking, "rank_lead_hours": rank_hours, "changes": changes, **rho, "lead_hours": hours,
+            "runs": {k: str(ctx.out_dir / v) for k, v in dirs.items()}, "table": str(ctx.out_dir / "ose.csv"),
+            "inits": int(len(anchors)), "members": {"M": cfg.members.M, "N": cfg.members.N, "R": cfg.members.R},
+            "checkpoints": used}

@@ -1,0 +1,238 @@
+"""The forecast job (`jobs/forecast.py`): a trained checkpoint rolled out from chosen initialisations,
+written as `forecast.zarr` (forecast convention, consolidated metadata) and scored per lead beside
+persistence where the store has the truth.
+
+    python jobs/forecast.py checkpoint=runs/train_sparse/exp1 inits=2000-03-01/2000-03-31 steps=8
+    python jobs/forecast.py checkpoint=<run dir> members=10    # routing draws (or EDM samples) as an ensemble
+    python jobs/evaluate.py forecast=<out_dir>/forecast.zarr truth=<store>   # CRPS, spread-skill, ...
+
+`checkpoint` is a training run directory (its newest checkpoint under `ray/`) or one checkpoint
+directory. The model and data configs are the ones the checkpoint was trained with: its meta.json
+(`model`, `data`), else the run directory's config.yaml. The store (`store=`) may be another one with
+the same channels, e.g. a later period (other channels: a one-line CheckpointError before any work); an
+init needs only its history in the store, and inits with truth for every lead are scored. Whatever the
+store, windows are normalised as in training: with the vectors meta.json keeps (`normalisation`), or for
+older checkpoints the training store's statistics. The run's provenance (provenance.json, summary.json)
+names the store's fingerprint and the checkpoint's own provenance.
+
+`members` = M > 1 forecasts every init M times, member m drawing its token selection from a
+generator seeded by (seed, init time, m) (rollout.py), so a member can be recomputed alone; M = 1 is
+the plain deterministic forecast (member 0, no `member` dim). A generative (model.name=edm) checkpoint
+draws member m as a sample of the EDM from that generator (noise, churn and routing; `sampler.*` sets
+the sampler), each lead's sample fed back as the next step's history.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import xarray as xr
+
+from wxray.config import InPath, PosInt, Seed, from_dict, load_yaml
+from wxray.data.schema import TIME, Stats, open_stats, open_store
+from wxray.data.window_data import DataConfig
+from wxray.data.windows import WindowSpec, fit_spec, make_spec, parse_range, split_anchors, valid_anchors
+from wxray.errors import CheckpointError, ConfigError, DataError
+from wxray.io import resolve_path
+from wxray.job import JobConfig, JobContext
+from wxray.platform.inference.checkpoint_forecast import forecast_and_score, load_forecaster
+from wxray.platform.inference.rollout import check_rollout, rollout_anchors, routing_varies
+from wxray.platform.train import checkpoints
+from wxray.platform.train.config import ModelConfig, SamplerConfig
+from wxray.provenance import store_fingerprint
+
+
+@dataclass
+class ForecastConfig(JobConfig):
+    checkpoint: InPath = ""  # a training run directory (its newest checkpoint) or a checkpoint directory
+    store: InPath = ""  # "" = the store the checkpoint was trained on
+    inits: str = ""  # "start/end" init times, inclusive; "" = the training run's test split
+    steps: PosInt = 4  # autoregressive steps, each the checkpoint's lead (data.lead_steps native steps)
+    # members per init: routing draws of a routed forecaster, samples of an edm one; > 1 writes a `member` dim
+    members: PosInt = 1
+    routing_members: PosInt = 1  # the older name of `members`
+    sampler: SamplerConfig = field(default_factory=SamplerConfig)  # edm checkpoints: how a sample is drawn
+    seed: Seed = 0  # member m of init t draws from SeedSequence([seed, t in seconds, m]) (rollout.py)
+    batch_size: PosInt = 1  # (init, member) samples per forward; 1 = any member recomputes alone bit for bit
+    device: str = "auto"  # auto (a GPU when there is one), cpu, cuda, cuda:1; must exist on this machine
+
+    experiment = "wxray-forecast"
+
+    def validate(self) -> None:
+        if not self.checkpoint:
+            raise ConfigError("config key 'checkpoint' is required (a training run directory or a checkpoint "
+                              "directory)")
+        if self.members > 1 and self.routing_members > 1 and self.members != self.routing_members:
+            raise ConfigError(f"members={self.members} and routing_members={self.routing_members} disagree "
+                              "(routing_members is the older name of members: give one)")
+        self.members = max(self.members, self.routing_members)
+        self.routing_members = self.members
+        if self.inits:
+            parse_range(self.inits, "inits")
+        resolve_device(self.device)  # before the job starts, not at model.to(device)
+
+
+def find_checkpoint(path: str) -> Path:
+    p = Path(path).expanduser()
+    if p.is_file() and p.name == checkpoints.STATE:
+        p = p.parent
+    if not p.is_dir():
+        raise CheckpointError(f"checkpoint {p} does not exist (expected a training run directory or a checkpoint "
+                              "directory)")
+    if (p / checkpoints.STATE).is_file():
+        return p
+    last = checkpoints.latest(p / "ray" if (p / "ray").is_dir() else p)
+    if last is None:
+        raise CheckpointError(f"checkpoint {p}: no checkpoint found (expected a training run directory with "
+                              f"ray/**/checkpoint_*/ or a checkpoint directory with {checkpoints.STATE})")
+    return last
+
+
+def _run_config(ckpt: Path) -> Path | None:
+    """config.yaml of the training run directory holding `ckpt` under its ray/ storage."""
+    for parent in ckpt.parents:
+        if (parent / "config.yaml").is_file() and (parent / "ray") in (ckpt, *ckpt.parents):
+            return parent / "config.yaml"
+    return None
+
+
+def training_configs(ckpt: Path, meta: dict[str, Any]) -> tuple[ModelConfig, DataConfig]:
+    names = {f.name for f in fields(ModelConfig)}
+    model = {k: v for k, v in checkpoints.meta_model(meta).items() if k in names}
+    data = meta.get("data")
+    if data is None:  # checkpoints written before meta.json held the data config
+        found = _run_config(ckpt)
+        if found is None:
+            raise CheckpointError(f"checkpoint {ckpt}: meta.json has no data config and no training run "
+                                  "config.yaml was found above it")
+        data = load_yaml(found).get("data", {})
+    try:
+        return from_dict(ModelConfig, model), from_dict(DataConfig, data)
+    except ConfigError as e:
+        raise CheckpointError(f"checkpoint {ckpt}: its training config does not load here ({e})") from None
+
+
+def _placeholder_stats(ds: xr.Dataset) -> Stats:
+    """Mean 0 and std 1 for every variable of `ds`: `make_spec`'s channels and grid without reading the
+    store's statistics, for a spec whose normalisation is then replaced by the checkpoint's."""
+    zero, one = (xr.Dataset({v: ((), value) for v in ds.data_vars}) for value in (0.0, 1.0))
+    return Stats(mean=zero, std=one, diff_mean=zero, diff_std=one, climatology=None)
+
+
+def _channels(spec: WindowSpec) -> list[str]:
+    """A spec's channels as `trainer_loop.model_identity` records them in meta.json (`model.channels`)."""
+    return ([c.name for c in spec.inputs] + ["->"] + [c.name for c in spec.targets] + ["const:"]
+            + list(spec.constants))
+
+
+def check_channels(ckpt: Path, meta: dict[str, Any], spec: WindowSpec) -> None:
+    """CheckpointError unless the store of `spec` gives the channels (variables, levels, constants) the
+    checkpoint was trained on, in its order; checkpoints that do not record them are checked by their weights."""
+    theirs = checkpoints.meta_model(meta).get("channels")
+    ours = _channels(spec)
+    if theirs is None or theirs == ours:
+        return
+    missing = list(dict.fromkeys(c for c in theirs if c not in ours))  # inputs and targets share names
+    extra = list(dict.fromkeys(c for c in ours if c not in theirs))
+    what = "; ".join(f"{k} {v}" for k, v in (("missing", missing), ("not trained on", extra)) if v) or \
+        f"in another order or role ({' '.join(ours)}; trained on {' '.join(theirs)})"
+    raise CheckpointError(f"store {spec.store} does not have the channels checkpoint {ckpt} was trained on: {what} "
+                          "(forecast from a store with the training variables, levels and constants)")
+
+
+def trained_spec(ckpt: Path, meta: dict[str, Any], store: str, ds: xr.Dataset, model_cfg: ModelConfig,
+                 data_cfg: DataConfig) -> WindowSpec:
+    """The windows of `store` normalised as the checkpoint was trained, whatever store is forecast: the
+    vectors meta.json keeps, else (older checkpoints) the statistics of the training store `data.store`.
+    The store's channels must be the checkpoint's (`check_channels`)."""
+    spec = make_spec(store, ds, _placeholder_stats(ds), data_cfg)
+    check_channels(ckpt, meta, spec)
+    trained = checkpoints.apply_normalisation(spec, meta, ckpt)
+    if trained is None:  # written before meta.json kept the normalisation
+        train_store = resolve_path(data_cfg.store)
+        if not train_store.exists():
+            raise CheckpointError(f"checkpoint {ckpt}: its {checkpoints.META} predates the saved normalisation and "
+                                  f"its training store data.store={train_store} is gone (its stats/ are needed "
+                                  "to normalise as in training)")
+        trained = make_spec(store, ds, open_stats(train_store), data_cfg)
+    return fit_spec(trained, model_cfg.patch_size, data_cfg.grid_fit)
+
+
+def choose_inits(ds, spec: WindowSpec, data_cfg: DataConfig, cfg: ForecastConfig, store: str) -> np.ndarray:
+    """Anchors (index of the last input step) of the inits to forecast from."""
+    times = ds[TIME].values
+    if not cfg.inits:
+        test = split_anchors(ds, valid_anchors(ds, spec.history, spec.lead_steps), data_cfg)["test"]
+        anchors = rollout_anchors(ds, test, spec, cfg.steps)
+        if len(anchors) == 0:
+            raise DataError(f"store {store}: the training run's test split has no init with truth "
+                            f"{cfg.steps} step(s) ahead; give inits=start/end")
+        return anchors
+    lo, hi = parse_range(cfg.inits, "inits")
+    ok = valid_anchors(ds, spec.history, 0)  # the history is in the store; the truth need not be
+    anchors = ok[(times[ok] >= lo) & (times[ok] <= hi)]
+    if len(anchors) == 0:
+        first, last = (str(times[ok[i]])[:19] if len(ok) else "-" for i in (0, -1))
+        raise DataError(f"inits={cfg.inits}: no init in store {store} (inits with {spec.history} step(s) "
+                        f"of history run from {first} to {last})")
+    return anchors
+
+
+def resolve_device(name: str) -> torch.device:
+    """The torch device of config key `device`, one this machine has: auto is cuda when there is one, else
+    cpu; cuda and cuda:<i> need that CUDA (or ROCm) device. Anything else is a ConfigError naming the key."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    expects = f"config key 'device' expects auto, cpu, cuda or cuda:<i>, got {name!r}"
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ConfigError(expects) from None
+    if device.type not in ("cpu", "cuda"):
+        raise ConfigError(expects)
+    if device.type == "cuda":
+        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if n == 0:
+            raise ConfigError(f"config key 'device' is {name!r} but this machine has no CUDA device "
+                              "(use device=cpu or device=auto)")
+        if device.index is not None and device.index >= n:
+            raise ConfigError(f"config key 'device' is {name!r} but this machine has {n} CUDA device(s), "
+                              f"cuda:0 to cuda:{n - 1}")
+    return device
+
+
+def forecast(cfg: ForecastConfig, ctx: JobContext) -> dict[str, Any]:
+    ckpt = find_checkpoint(cfg.checkpoint)
+    meta = checkpoints.read_meta(ckpt)
+    model_cfg, data_cfg = training_configs(ckpt, meta)
+    store = cfg.store or str(resolve_path(data_cfg.store))  # cfg.store is absolute already
+    ds = open_store(store)
+    spec = trained_spec(ckpt, meta, store, ds, model_cfg, data_cfg)
+    model = load_forecaster(ckpt, model_cfg, spec, cfg.sampler)
+    try:
+        check_rollout(spec, cfg.steps)
+    except ValueError as e:
+        raise ConfigError(f"checkpoint {ckpt}: {e}") from None
+    if cfg.members > 1 and not (model_cfg.generative or routing_varies(model)):
+        raise ConfigError(f"members={cfg.members}: the checkpoint's model.selection="
+                          f"{model_cfg.selection} (deterministic_eval={model_cfg.deterministic_eval}) draws no "
+                          "random routing, so every member would be the same")
+    anchors = choose_inits(ds, spec, data_cfg, cfg, store)
+    device = resolve_device(cfg.device)
+    ctx.provenance["store"] = store_fingerprint(store, ds)
+    ctx.provenance["checkpoint"] = {"path": str(ckpt), **checkpoints.meta_provenance(meta)}
+    tracker = ctx.tracker  # every input is checked: the run starts here
+
+    members = list(range(cfg.members)) if cfg.members > 1 else None
+    run = forecast_and_score(model, spec, ds, anchors, cfg.steps, ctx.out_dir, tracker, seed=cfg.seed,
+                             batch_size=cfg.batch_size, members=members, device=device,
+                             attrs={"checkpoint": str(ckpt), "seed": cfg.seed, "store": store})
+    times = ds[TIME].values[anchors]
+    return {"forecast": str(run.path), "checkpoint": str(ckpt), "store": store, "inits": int(len(anchors)),
+            "first_init": str(times[0])[:19], "last_init": str(times[-1])[:19], "members": cfg.members,
+            "grid_fit": spec.fit.mode, "grid": f"{spec.kept_grid[0]}x{spec.kept_grid[1]}",
+            "rollout": {"scored_inits": int(len(run.scored)), **run.report}}

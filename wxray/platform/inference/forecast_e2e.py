@@ -1,0 +1,261 @@
+"""The end-to-end forecast job (`jobs/forecast_e2e.py`): observations -> analysis -> rollout -> stations.
+
+    python jobs/forecast_e2e.py stages=runs/train_e2e/e2e steps=4
+    python jobs/forecast_e2e.py stages=runs/train_e2e/e2e deny=[stations]      # an observing-system denial
+    python jobs/evaluate.py forecast=<out>/forecast.zarr truth=<store> stations=<out>/stations.parquet \
+        station_obs=<obs dir> station_baseline=bilinear
+
+`stages` is the directory `jobs/train_e2e.py` wrote the stages of one chain into. The analysis and the
+steps come from the `chain` stage when it exists, else from the `encoder` and `processor` stages; station
+forecasts from the `decoder` stage (skipped, with a line saying so, when there is none). Outputs:
+
+    forecast.zarr     forecast convention (init_time, lead_time, latitude, longitude), lead 0 = the analysis
+    stations.parquet  init_time, lead_time (hours), station, latitude, longitude, variable, value: the decoder
+                      at every station of the station stream, every lead
+
+Scores in RESULT: per lead RMSE/ACC beside persistence of the true state (`rollout_scores`) for inits with
+truth at every lead, and station RMSE/bias/MAE per lead beside bilinear interpolation of the gridded forecast.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Annotated, Any
+
+import numpy as np
+import pandas as pd
+import torch
+
+from wxray.config import InPath, PosInt, Range, Seed
+from wxray.data.e2e_windows import E2EData, E2EReader, prepare_e2e
+from wxray.data.schema import INIT, LEAD, TIME, open_climatology, open_store
+from wxray.data.windows import parse_range
+from wxray.errors import CheckpointError, ConfigError, DataError
+from wxray.io import atomic_path
+from wxray.job import JobConfig, JobContext, say
+from wxray.models import RowGenerators
+from wxray.platform.inference.checkpoint_forecast import load_forecaster
+from wxray.platform.inference.forecast import resolve_device
+from wxray.platform.inference.nested import ROUTING_SOURCE, describe, draw_seed, load_stochastic, nested, run_ensemble
+from wxray.platform.inference.rollout import rollout_anchors, to_forecast_dataset, write_forecast
+from wxray.platform.train import checkpoints
+from wxray.platform.train.e2e import trained_stage
+from wxray.platform.train.loop import build_forecaster
+from wxray.platform.train.stage_config import TrainE2EConfig
+from wxray.platform.train.stage_eval import physical
+from wxray.platform.train.stages import (
+    StationSet,
+    build_decoder,
+    build_encoder,
+    next_state,
+    obs_of,
+    processor_input,
+    stage_identity,
+)
+from wxray.verify.lead_scores import log_report, rollout_report
+
+
+@dataclass
+class ForecastE2EConfig(JobConfig):
+    stages: InPath = "runs/train_e2e/e2e"  # the stages directory of jobs/train_e2e.py (runs/train_e2e/<run_name>)
+    store: InPath = ""  # "" = the store the stages were trained on
+    obs_dir: InPath = ""  # "" = the observation streams the stages were trained on
+    inits: str = ""  # "start/end" init times, inclusive; "" = the test split with truth at every lead
+    steps: PosInt = 4  # processor steps after the analysis (lead 0)
+    deny: list[str] = field(default_factory=list)  # streams withheld from the encoder (observing-system denial)
+    members_m: PosInt = 1  # encoder noise draws M (needs jobs/finetune_stochastic.py stage=encoder)
+    members_n: PosInt = 1  # dropout members N per draw (the finetuned stochastic processor, or dropout > 0)
+    dropout: Annotated[float, Range(-1, 1, hi_open=True)] = -1.0  # inference dropout p; -1 = as finetuned
+    seed: Seed = 0  # init t's draws (members, random routing): SeedSequence([seed, t, source, ...]) (ensemble_e2e.py)
+    batch_size: PosInt = 8  # inits per forward (each with its M x N members)
+    device: str = "auto"  # auto (a GPU when there is one), cpu, cuda, cuda:1; must exist on this machine
+
+    experiment = "wxray-forecast"
+
+    def run_label(self, job: str) -> str:
+        members = f"-{self.members_m}x{self.members_n}" if self.members_m * self.members_n > 1 else ""
+        return "e2e" + members + ("-deny-" + "-".join(self.deny) if self.deny else "")
+
+    def validate(self) -> None:
+        if self.inits:
+            parse_range(self.inits, "inits")
+        resolve_device(self.device)
+
+
+def load_chain(stages: str | Path, store: str = "", obs_dir: str = "", deny: Sequence[str] = ()
+               ) -> tuple[TrainE2EConfig, E2EData, torch.nn.Module, torch.nn.Module, torch.nn.Module | None,
+                          dict[str, str]]:
+    """The training config, the data (store and streams overridable), encoder, processor and decoder."""
+    stages = Path(stages)
+    chain, enc, proc, dec = (trained_stage(stages, s) for s in ("chain", "encoder", "processor", "decoder"))
+    if chain is None and (enc is None or proc is None):
+        raise CheckpointError(f"stages {stages}: no chain stage and no encoder + processor stages to forecast with "
+                              "(run jobs/train_e2e.py stage=encoder, stage=processor, ...)")
+    ckpt, tcfg = chain or enc
+    data_cfg = replace(tcfg.data, store=store or tcfg.data.store, obs_dir=obs_dir or tcfg.data.obs_dir)
+    tcfg = replace(tcfg, data=data_cfg)
+    data = prepare_e2e(data_cfg, tcfg.encoder.patch_size)
+    trained = checkpoints.apply_normalisation(data.spec, checkpoints.read_meta(ckpt), ckpt)
+    if trained is not None:
+        data.windows.spec = trained
+    for name in deny:
+        if name not in [s.name for s in data.obs.streams]:
+            raise ConfigError(f"deny names '{name}', not a stream the encoder reads "
+                              f"({', '.join(s.name for s in data.obs.streams)})")
+    encoder, used = build_encoder(tcfg, data), {"encoder": str(ckpt)}
+    if chain is not None:
+        state, _ = checkpoints.load(ckpt, expect_model=stage_identity(tcfg, data, "chain"))
+        encoder.load_state_dict({k[len("encoder."):]: v for k, v in state["model"].items() if k.startswith("encoder.")})
+        processor = build_forecaster(tcfg.processor, data.spec)
+        processor.load_state_dict({k[len("processor."):]: v for k, v in state["model"].items()
+                                   if k.startswith("processor.")})
+        used = {"chain": str(ckpt)}
+    else:
+        state, _ = checkpoints.load(ckpt, expect_model=stage_identity(tcfg, data, "encoder"))
+        checkpoints.load_model_weights(encoder, state, str(ckpt))
+        processor = load_forecaster(proc[0], tcfg.processor, data.spec)
+        used["processor"] = str(proc[0])
+    decoder = None
+    if dec is not None:
+        dcfg = dec[1]
+        data = replace(data, station_stream=dcfg.data.station_stream,
+                       station_variables=list(dcfg.data.station_variables) or data.station_variables)
+        state, _ = checkpoints.load(dec[0], expect_model=stage_identity(dcfg, data, "decoder"))
+        decoder = build_decoder(dcfg, data)
+        checkpoints.load_model_weights(decoder, state, str(dec[0]))
+        used["decoder"] = str(dec[0])
+    return tcfg, data, encoder.eval(), processor.eval(), None if decoder is None else decoder.eval(), used
+
+
+def choose_inits(data: E2EData, inits: str, steps: int) -> np.ndarray:
+    """Store time indices of the inits: those in the range `inits` ("start/end"), or "" = the test split's
+    inits with truth `steps` steps ahead."""
+    ds = open_store(data.spec.store)
+    times = ds[TIME].values
+    if not inits:
+        anchors = rollout_anchors(ds, np.sort(data.windows.anchors["test"]), data.spec, steps)
+        if not len(anchors):
+            raise DataError(f"store {data.spec.store}: the test split has no init with truth {steps} step(s) "
+                            "ahead; give inits=start/end")
+        return anchors
+    lo, hi = parse_range(inits, "inits")
+    anchors = np.flatnonzero((times >= lo) & (times <= hi))
+    if not len(anchors):
+        raise DataError(f"inits={inits}: no time of store {data.spec.store} in that range")
+    return anchors
+
+
+def station_table(data: E2EData) -> pd.DataFrame:
+    """Every station of the station stream with its (last reported) position."""
+    import pyarrow.dataset as pads
+
+    s = next(s for s in data.obs.streams if s.name == data.station_stream)
+    columns = ["station", "latitude", "longitude"] + (["altitude"] if data.station_altitude else [])
+    t = pads.dataset(s.data_path(data.obs.obs_dir), format="parquet", partitioning="hive").to_table(
+        columns=columns).to_pandas()
+    return t.drop_duplicates("station", keep="last").sort_values("station").reset_index(drop=True)
+
+
+@torch.no_grad()
+def run_forecast(data: E2EData, encoder, processor, decoder, anchors: np.ndarray, steps: int, deny, batch_size: int,
+                 device, init_times: np.ndarray, seed: int = 0) -> tuple[np.ndarray, np.ndarray | None]:
+    """(n_init, steps + 1, V, kept grid) physical states, lead 0 the analysis; station values (n_init, steps + 1,
+    n_station, V_station) in physical units, or None without a decoder. A processor that routes tokens at random
+    draws its selection of init t from SeedSequence([seed, t, 3]), lead step by lead step: the forecast of any
+    init is reproducible alone, whatever the global RNG's state."""
+    spec, n = data.spec, len(data.spec.inputs)
+    reader = E2EReader(data.spec, data.obs)
+    out = np.zeros((len(anchors), steps + 1, n, *spec.kept_grid), np.float32)
+    stations = station_table(data) if decoder is not None else None
+    st, at = None, None
+    if stations is not None:
+        at = StationSet.of(data, stations)
+        st = np.zeros((len(anchors), steps + 1, len(stations), len(data.station_variables)), np.float32)
+    for m in (encoder, processor, decoder):
+        if m is not None:
+            m.to(device)
+    for i in range(0, len(anchors), batch_size):
+        rows = slice(i, i + batch_size)
+        b = {k: torch.from_numpy(np.asarray(v)).to(device) for k, v in reader.inputs(anchors[rows]).items()}
+        routes = RowGenerators.from_seeds([draw_seed(seed, t, ROUTING_SOURCE) for t in init_times[rows]])
+        z = encoder(obs_of(b), b["static"], deny=tuple(deny))
+        for k in range(steps + 1):
+            if k:
+                z = next_state(spec, z, processor(processor_input(z, b["x"], n), generator=routes))
+            out[rows, k] = physical(spec, z.cpu()).numpy()
+            if st is not None:
+                st[rows, k] = at.decode(decoder, z).numpy()
+    return out, (None if st is None else (stations, st))
+
+
+def write_stations(path: Path, stations: pd.DataFrame, values: np.ndarray, init_times: np.ndarray,
+                   lead_hours: list[int], variables: list[str]) -> Path:
+    n_init, n_lead, n_st, n_var = values.shape
+    idx = np.indices(values.shape).reshape(4, -1)
+    df = pd.DataFrame({
+        "init_time": init_times[idx[0]], "lead_time": np.asarray(lead_hours, np.int32)[idx[1]],
+        "station": stations["station"].to_numpy()[idx[2]],
+        "latitude": stations["latitude"].to_numpy(np.float32)[idx[2]],
+        "longitude": stations["longitude"].to_numpy(np.float32)[idx[2]],
+        "variable": np.asarray(variables)[idx[3]], "value": values.reshape(-1).astype(np.float32)})
+    with atomic_path(path) as tmp:
+        df.to_parquet(tmp, index=False)
+    return path
+
+
+def forecast_e2e(cfg: ForecastE2EConfig, ctx: JobContext) -> dict[str, Any]:
+    tcfg, data, encoder, processor, decoder, used = load_chain(cfg.stages, cfg.store, cfg.obs_dir, cfg.deny)
+    anchors = choose_inits(data, cfg.inits, cfg.steps)
+    device = resolve_device(cfg.device)
+    ds = open_store(data.spec.store)
+    init_times = ds[TIME].values[anchors]
+    tracker = ctx.tracker
+    if decoder is None:
+        say(f"no decoder stage under {cfg.stages}: gridded forecasts only")
+    say(f"forecasting {len(anchors)} init(s), {cfg.steps} step(s) from the analysis"
+        + (f", denying {', '.join(cfg.deny)}" if cfg.deny else ""))
+    m, n = cfg.members_m, cfg.members_n
+    members, extra = None, {}
+    if m * n > 1:
+        senc, sproc, p, found = load_stochastic(Path(cfg.stages), tcfg, data, m, n, cfg.dropout)
+        used = {**used, **found}
+        say(f"nested ensemble: {m} encoder draw(s) x {n} dropout member(s) (p={p:g})")
+        table = station_table(data) if decoder is not None else None
+        fields, st = run_ensemble(data, senc, sproc or processor, decoder, anchors, cfg.steps, cfg.deny, m, n, p,
+                                  cfg.seed, cfg.batch_size, device, stations=table)
+        stations = None if st is None else (table, st)
+        members, extra = list(range(m * n)), describe(m, n, p, cfg.seed)
+    else:
+        fields, stations = run_forecast(data, encoder, processor, decoder, anchors, cfg.steps, cfg.deny,
+                                        cfg.batch_size, device, init_times, cfg.seed)
+    forecast = to_forecast_dataset(fields, data.spec, ds, anchors, members)
+    step = forecast[LEAD].values[0]
+    forecast = forecast.assign_coords({LEAD: forecast[LEAD].values - step})  # lead 0 is the analysis
+    forecast.attrs.update(source="wxray end-to-end forecast", stages=str(cfg.stages), deny=",".join(cfg.deny),
+                          **{f"checkpoint_{k}": v for k, v in used.items()})
+    written = nested(forecast, m, n) if members else forecast
+    path = write_forecast(written, Path(ctx.out_dir) / "forecast.zarr")
+    result: dict[str, Any] = {"forecast": str(path), "store": data.spec.store, "inits": int(len(anchors)),
+                              "steps": cfg.steps,
+                              "deny": list(cfg.deny), "checkpoints": used, **extra}
+    scored = rollout_anchors(ds, anchors, data.spec, cfg.steps)
+    if len(scored):
+        report = rollout_report(forecast.sel({INIT: ds[TIME].values[scored]}), ds, open_climatology(data.spec.store))
+        log_report(report, tracker)
+        result["rollout"] = {"scored_inits": int(len(scored)), **report}
+    if stations is not None:
+        table, values = stations
+        lead_hours = [int(round(h)) for h in forecast[LEAD].values / np.timedelta64(1, "h")]
+        st_path = write_stations(Path(ctx.out_dir) / "stations.parquet", table, values, init_times,
+                                 lead_hours, data.station_variables)
+        result["stations"] = str(st_path)
+        result["station_scores"] = score_stations(st_path, forecast, data, tracker)
+    return result
+
+
+def score_stations(path: Path, forecast, data: E2EData, tracker) -> dict[str, Any]:
+    from wxray.verify.stations import station_report
+
+    return station_report(path, data.obs.obs_dir, data.station_stream, forecast=forecast, tracker=tracker)

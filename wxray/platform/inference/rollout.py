@@ -1,0 +1,200 @@
+"""Autoregressive rollout of a trained forecaster, written in the forecast convention (`init_time`,
+`lead_time`, [`member`,] [`level`,] `latitude`, `longitude`) that `jobs/evaluate.py` scores.
+
+Routing draws as an ensemble: the token selection of sample (init i, member m) comes from its own
+generator, seeded by
+
+    seed(i, m) = SeedSequence([seed, init_seconds, m]).generate_state(1, uint64)[0]
+
+with init_seconds the init time in whole seconds since 1970-01-01 (two's complement mod 2**64, so
+earlier times work too). Each sample keeps its generator for all its steps, so member m of init i is
+the same draws whatever else is forecast in the same run or batch; with batch_size=1 (one sample per
+forward) a member recomputed alone is bit-identical. The deterministic forecast is member 0.
+A generative forecaster (`generative = True`, models.EDMForecaster) draws its initial noise, churn and
+routing from the same per-sample generator (a RowGenerators), step after step: member m of init i is a
+sample of the EDM, fed back as the next step's history.
+
+Forecasts are on the kept grid of `spec.fit` (gridfit.py): padded rows/columns are cut from every
+step's output, and the next step's input is the kept state padded again, as the reader pads a store
+field. Scoring (rollout_scores.py) uses the same kept latitudes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+import xarray as xr
+from tqdm.auto import tqdm
+
+from wxray.data.schema import INIT, LAT, LEAD, LEVEL, LON, MEMBER, TIME, time_step
+from wxray.data.windows import WindowReader, WindowSpec, open_lazy, per_channel, to_physical, valid_anchors
+from wxray.io import atomic_path
+from wxray.models import RandomSelector, RowGenerators, TokenSelector
+
+
+def rollout_anchors(ds: xr.Dataset, anchors: np.ndarray, spec: WindowSpec, steps: int) -> np.ndarray:
+    """Those of `anchors` (sorted, unique) with their history and truth at every one of `steps` leads in `ds`."""
+    ok = valid_anchors(ds, spec.history, steps * spec.lead_steps)
+    return np.intersect1d(anchors, ok)
+
+
+def member_seed(seed: int, init_time: np.datetime64, member: int) -> int:
+    """The routing seed of one (init, member) sample; see the module docstring."""
+    init_s = int(np.datetime64(init_time, "s").astype(np.int64)) % 2**64
+    return int(np.random.SeedSequence([int(seed), init_s, int(member)]).generate_state(1, np.uint64)[0])
+
+
+def member_generator(seed: int, init_time: np.datetime64, member: int) -> torch.Generator:
+    return torch.Generator().manual_seed(member_seed(seed, init_time, member))
+
+
+class PerSampleSelector(TokenSelector):
+    """The model's random selector, called once per sample with that sample's generator.
+
+    A selector draws (B, L) keys from one generator, which would tie a sample's draw to its batch
+    position; here sample b draws from `generators[b]` alone. Only random selection is wrapped
+    (`routing_varies`), and it reads neither the routing context nor a delta gate, so both pass as they are.
+    """
+
+    def __init__(self, base: TokenSelector, generators: Sequence[torch.Generator]):
+        super().__init__()
+        self.base = base
+        self.generators = list(generators)
+        self.needs_attention = base.needs_attention
+        self.training = base.training
+
+    def select(self, x, k, generator=None, context=None):
+        if x.shape[0] != len(self.generators):
+            raise ValueError(f"{len(self.generators)} routing generators for a batch of {x.shape[0]}")
+        return torch.cat([self.base.select(x[b: b + 1], k, g, context) for b, g in enumerate(self.generators)])
+
+    def delta_gate(self, x, indices, context=None):
+        return self.base.delta_gate(x, indices, context)
+
+
+def routing_varies(model: torch.nn.Module) -> bool:
+    """Whether different generators give different token selections (random, non-fixed selection)."""
+    router = getattr(model, "router", None)
+    selector = getattr(router, "selector", None)
+    return bool(getattr(router, "sparse", False) and isinstance(selector, RandomSelector)
+                and not selector.deterministic)
+
+
+@contextlib.contextmanager
+def per_sample_routing(model: torch.nn.Module, generators: Sequence[torch.Generator]) -> Iterator[None]:
+    """Within the block, `model`'s random token selection draws per sample. A no-op where selection draws
+    nothing (dense or unrouted models, score-based or fixed selections): those are per-sample already."""
+    if not routing_varies(model):
+        yield
+        return
+    router = model.router
+    base = router.selector
+    router.selector = PerSampleSelector(base, generators)
+    try:
+        yield
+    finally:
+        router.selector = base
+
+
+def _normalise_state(spec: WindowSpec, phys: torch.Tensor) -> torch.Tensor:
+    base = spec.target_in_input
+    return (phys - per_channel(spec.in_mean[base], phys)) / per_channel(spec.in_std[base], phys)
+
+
+def one_step_only(spec: WindowSpec) -> str | None:
+    """Why a forecast of `spec` cannot be fed back as the next input (a rollout then stops at one step),
+    or None when it can: the targets must be the input channels, and with history > 1 the inputs are
+    consecutive native steps, which a forecast lead_steps > 1 ahead cannot extend."""
+    if [c.name for c in spec.targets] != [c.name for c in spec.inputs]:
+        return "a rollout beyond one step needs the targets to be the input variables"
+    if spec.history > 1 and spec.lead_steps > 1:
+        return ("a rollout beyond one step with history > 1 needs lead_steps = 1 "
+                "(the model was trained on consecutive native steps)")
+    return None
+
+
+def check_rollout(spec: WindowSpec, steps: int) -> None:
+    """ValueError (`one_step_only`'s reason) unless `spec` can be rolled out `steps` steps."""
+    why = one_step_only(spec)
+    if steps > 1 and why:
+        raise ValueError(why)
+
+
+def possible_steps(spec: WindowSpec, steps: int) -> int:
+    """`steps`, or at most 1 where `check_rollout` would refuse more."""
+    return steps if one_step_only(spec) is None else min(steps, 1)
+
+
+@torch.no_grad()
+def rollout(model: torch.nn.Module, spec: WindowSpec, anchors: np.ndarray, steps: int, seed: int = 0,
+            batch_size: int = 8, members: Sequence[int] | None = None,
+            device: torch.device | str = "cpu") -> np.ndarray:
+    """Physical forecasts on the kept grid, step k valid at anchor + (k+1) * lead:
+    (n_init, steps, V_out, h, w), or (n_init, len(members), steps, V_out, h, w) for `members`.
+
+    Only the inputs of each init are read, so an init needs no truth after it. A batch holds
+    `batch_size` (init, member) samples.
+    """
+    check_rollout(spec, steps)
+    model.eval()
+    reader = WindowReader(spec)
+    times = open_lazy(spec.store)[TIME].values
+    ids = [0] if members is None else [int(m) for m in members]
+    v, h = len(spec.inputs), spec.history
+    out = np.zeros((len(anchors), len(ids), steps, len(spec.targets), *spec.kept_grid), np.float32)
+    samples = [(i, j) for i in range(len(anchors)) for j in range(len(ids))]
+    for start in tqdm(range(0, len(samples), batch_size), desc="rollout"):
+        chunk = samples[start: start + batch_size]
+        rows, cols = (np.array(a) for a in zip(*chunk, strict=True))
+        x = torch.from_numpy(reader.inputs(anchors[rows])).to(device)
+        gens = [member_generator(seed, times[anchors[i]], ids[j]) for i, j in chunk]
+        # A generative forecaster draws everything (noise, routing) from per-row generators.
+        draws = {"generator": RowGenerators(gens)} if getattr(model, "generative", False) else {}
+        with per_sample_routing(model, gens):
+            for k in range(steps):
+                phys = spec.unpad(to_physical(spec, model(x, **draws).float(), x))
+                out[rows, cols, k] = phys.cpu().numpy()
+                state = _normalise_state(spec, spec.pad(phys))
+                x = torch.cat([x[:, v: h * v], state, x[:, h * v:]], dim=1)
+    return out[:, 0] if members is None else out
+
+
+def to_forecast_dataset(fc: np.ndarray, spec: WindowSpec, ds: xr.Dataset, anchors: np.ndarray,
+                        members: Sequence[int] | None = None) -> xr.Dataset:
+    """Forecast-convention dataset: one variable per target variable, `level` where the store has it,
+    `member` when `members` is given (fc then has the member axis of `rollout`). Units from the store."""
+    if members is not None:
+        fc = np.moveaxis(fc, 1, 2)  # (init, lead, member, V, h, w)
+    step = time_step(ds) * spec.lead_steps
+    leads = pd.to_timedelta([step * (k + 1) for k in range(fc.shape[1])])
+    coords = {INIT: ds[TIME].values[anchors], LEAD: leads, LAT: spec.latitude, LON: spec.longitude}
+    lead_dims = (INIT, LEAD) if members is None else (INIT, LEAD, MEMBER)
+    if members is not None:
+        coords[MEMBER] = np.asarray(members, dtype=np.int64)
+    data = {}
+    for var in dict.fromkeys(c.variable for c in spec.targets):
+        idx = [i for i, c in enumerate(spec.targets) if c.variable == var]
+        levels = [spec.targets[i].level for i in idx]
+        if levels[0] is None:
+            da = xr.DataArray(fc[..., idx[0], :, :], dims=(*lead_dims, LAT, LON), coords=coords)
+        else:
+            da = xr.DataArray(fc[..., idx, :, :], dims=(*lead_dims, LEVEL, LAT, LON), coords={**coords, LEVEL: levels})
+        da.attrs = {k: ds[var].attrs[k] for k in ("units", "long_name") if k in ds[var].attrs}
+        data[var] = da
+    out = xr.Dataset(data, coords=coords)
+    out.attrs.update(source="wxray rollout", grid_fit=spec.fit.mode,
+                     routing_members=1 if members is None else len(members))
+    return out
+
+
+def write_forecast(forecast: xr.Dataset, path: str | Path) -> Path:
+    """Atomically, as zarr v2 with consolidated metadata (as WeatherBench 2 / ARCO-ERA5 stores are), so a
+    plain `xr.open_zarr(path)` opens it in one metadata read and without a warning."""
+    with atomic_path(path) as tmp:
+        forecast.drop_encoding().to_zarr(tmp, zarr_format=2, consolidated=True)
+    return Path(path)

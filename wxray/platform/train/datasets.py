@@ -1,0 +1,91 @@
+"""Ray Datasets of training windows, read lazily from a zarr store in parallel read tasks.
+
+Each split is a Ray Dataset of window anchors (a few bytes each, shuffled once with the config's seed)
+followed by a `map_batches` read task that opens the store and reads, stacks and normalises the windows
+(`data.windows.WindowReader`, or for the end-to-end stages `data.e2e_windows.E2EReader`). Train workers take
+their share with `ray.train.get_dataset_shard(split)`.
+
+Sharding guarantee (tested in tests/platform/test_datasets.py): Ray Train's default `DataConfig` splits
+with `streaming_split(equal=True)`, which *drops* up to world_size-1 rows per epoch to equalise shards.
+`ExactlyOnceDataConfig` splits with `equal=False` instead, so within one epoch every valid window goes to
+exactly one worker: none is seen twice and none is skipped. Shards may then differ by a batch; the training
+loop keeps the workers' collectives in lockstep by padding the shorter shard with zero-weight batches
+(`loop.lockstep_batches`).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import numpy as np
+import ray.data
+from ray.train import DataConfig as RayDataConfig
+
+from wxray.data.e2e_windows import E2EData, E2EReader, ObsDataConfig
+from wxray.data.window_data import DataConfig, WindowData, prepare_windows
+from wxray.data.windows import SPLITS, WindowReader, WindowSpec
+
+
+def _read_windows(batch: dict[str, np.ndarray], spec: WindowSpec) -> dict[str, np.ndarray]:
+    return WindowReader(spec)(batch)  # the store itself is opened once per process (windows.open_lazy)
+
+
+def window_dataset(spec: WindowSpec, anchors: np.ndarray, read_batch_size: int = 4,
+                   read_cpus: float = 0.25, num_blocks: int | None = None) -> Any:
+    """A Ray Dataset yielding {"x", "y", "anchor"} rows for the given windows, in the given order."""
+    items = [{"anchor": int(a)} for a in anchors]
+    # One read call per block: per-task overhead is paid once per `read_batch_size` windows.
+    n_blocks = num_blocks or -(-len(items) // read_batch_size)
+    ds = ray.data.from_items(items, override_num_blocks=max(1, min(n_blocks, len(items) or 1)))
+    return ds.map_batches(_read_windows, fn_kwargs={"spec": spec}, batch_size=read_batch_size,
+                          batch_format="numpy", num_cpus=read_cpus)
+
+
+def build_datasets(cfg: DataConfig, data: WindowData | None = None) -> tuple[dict[str, Any], WindowData]:
+    """Ray Datasets for every non-empty split, plus the window index they were built from."""
+    # Per-operator bars from every read task drown the training log; the loop prints its own progress.
+    ray.data.DataContext.get_current().enable_progress_bars = cfg.progress_bars
+    data = data or prepare_windows(cfg)
+    datasets = {s: window_dataset(data.spec, data.anchors[s], cfg.read_batch_size, cfg.read_cpus)
+                for s in SPLITS if len(data.anchors[s])}
+    return datasets, data
+
+
+def exactly_once_data_config(datasets_to_split: list[str] | str = "all"):
+    """A Ray Train DataConfig whose shards together hold every row exactly once per epoch."""
+    class ExactlyOnceDataConfig(RayDataConfig):
+        def configure(self, datasets, world_size, worker_handles, worker_node_ids, **kwargs):
+            output = [{} for _ in range(world_size)]
+            names = set(datasets) if self._datasets_to_split == "all" else set(self._datasets_to_split)
+            for name, ds in datasets.items():
+                ds = ds.copy(ds)
+                ds.context.execution_options = copy.deepcopy(self._resolve_execution_options(name))
+                if name in names:
+                    for i, split in enumerate(ds.streaming_split(world_size, equal=False)):
+                        output[i][name] = split
+                else:
+                    for i in range(world_size):
+                        output[i][name] = ds.iterator()
+            return output
+
+    return ExactlyOnceDataConfig(datasets_to_split=datasets_to_split)
+
+
+def _read_e2e(batch: dict[str, np.ndarray], reader: E2EReader) -> dict[str, np.ndarray]:
+    return reader(batch)
+
+
+def e2e_dataset(data: E2EData, anchors: np.ndarray, read_batch_size: int = 8, read_cpus: float = 0.25) -> Any:
+    items = [{"anchor": int(a)} for a in anchors]
+    n_blocks = max(1, min(-(-len(items) // read_batch_size), len(items) or 1))
+    ds = ray.data.from_items(items, override_num_blocks=n_blocks)
+    return ds.map_batches(_read_e2e, fn_kwargs={"reader": E2EReader(data.spec, data.obs)},
+                          batch_size=read_batch_size, batch_format="numpy", num_cpus=read_cpus)
+
+
+def build_e2e_datasets(cfg: ObsDataConfig, data: E2EData) -> dict[str, Any]:
+    ray.data.DataContext.get_current().enable_progress_bars = cfg.progress_bars
+    return {s: e2e_dataset(data, data.windows.anchors[s], cfg.read_batch_size, cfg.read_cpus)
+            for s in SPLITS if len(data.windows.anchors[s])}
+

@@ -1,0 +1,165 @@
+"""The driver of `jobs/train_e2e.py`: one stage of the end-to-end system as a Ray Train run, then its scores.
+
+Everything is checked before Ray starts (store, streams, configs, the earlier stages a stage needs). The
+processor stage is the forecaster's job (`trainer.train_sparse`, history 1) so it keeps every feature of
+it; encoder, decoder and chain run `e2e_loop.train_fn_per_worker` with the same Train machinery.
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+from wxray.config import from_dict, load_yaml, to_dict
+from wxray.data.e2e_windows import E2EData, E2EReader, prepare_e2e
+from wxray.data.window_data import DataConfig
+from wxray.errors import CheckpointError, ConfigError, DataError
+from wxray.job import JobContext, say
+from wxray.platform.cluster import resources, session
+from wxray.platform.train import checkpoints
+from wxray.platform.train.config import TrainSparseConfig
+from wxray.platform.train.datasets import build_e2e_datasets, exactly_once_data_config
+from wxray.platform.train.loop import model_identity
+from wxray.platform.train.reporting import ProgressPrinter
+from wxray.platform.train.sparse import _figures, _training_error, train_sparse
+from wxray.platform.train.stage_config import TrainE2EConfig
+from wxray.platform.train.stage_eval import evaluate_stage
+from wxray.platform.train.stages import build_stage_model, stage_identity
+from wxray.provenance import store_fingerprint, stream_fingerprint
+
+
+def stage_checkpoint(cfg: TrainE2EConfig, stage: str, needed_by: str) -> Path:
+    """The newest checkpoint of an earlier stage of this chain (CheckpointError naming what to run)."""
+    d = Path(cfg.stages_dir) / stage
+    last = checkpoints.latest(d / "ray")
+    if last is None:
+        name = cfg.run_name or "e2e"
+        raise CheckpointError(f"stage {needed_by} needs the {stage} stage first: no checkpoint under {d} "
+                              f"(run jobs/train_e2e.py stage={stage} run_name={name})")
+    return last
+
+
+def trained_stage(stages: Path, name: str) -> tuple[Path, TrainE2EConfig] | None:
+    """(newest checkpoint, training config) of stage `name` under `stages`, None if it never checkpointed."""
+    run = Path(stages) / name
+    last = checkpoints.latest(run / "ray")
+    if last is None:
+        return None
+    if not (run / "config.yaml").is_file():
+        raise CheckpointError(f"stage {run}: config.yaml is missing (it records how the stage was trained)")
+    try:
+        return last, from_dict(TrainE2EConfig, load_yaml(run / "config.yaml"))
+    except ConfigError as e:
+        raise CheckpointError(f"stage {run}: its config.yaml does not load here ({e})") from None
+
+
+def processor_config(cfg: TrainE2EConfig) -> TrainSparseConfig:
+    data = DataConfig(**{f.name: getattr(cfg.data, f.name) for f in fields(DataConfig)})
+    return TrainSparseConfig(out_dir=cfg.out_dir, run_name=cfg.run_name, tracking=cfg.tracking, data=data,
+                             model=cfg.processor, optim=cfg.optim, train=cfg.train, scaling=cfg.scaling,
+                             ray_address=cfg.ray_address, ray_timeout_s=cfg.ray_timeout_s)
+
+
+def initial_weights(cfg: TrainE2EConfig, data: E2EData) -> dict[str, str]:
+    """Chain: the encoder and processor stages' checkpoints, checked against this run's model configs."""
+    if cfg.stage != "chain":
+        return {}
+    enc = stage_checkpoint(cfg, "encoder", "chain")
+    proc = stage_checkpoint(cfg, "processor", "chain")
+    checkpoints.read_meta(enc, expect_model=stage_identity(cfg, data, "encoder"))
+    checkpoints.read_meta(proc, expect_model=model_identity(cfg.processor, data.spec))
+    return {"encoder": str(enc), "processor": str(proc)}
+
+
+def train_e2e(cfg: TrainE2EConfig, ctx: JobContext) -> dict[str, Any]:
+    if cfg.encoder.patch_size != cfg.processor.patch_size:
+        raise ConfigError(f"encoder.patch_size={cfg.encoder.patch_size} and processor.patch_size="
+                          f"{cfg.processor.patch_size} must agree: the analysis is the processor's input grid")
+    if cfg.stage == "processor":
+        return train_sparse(processor_config(cfg), ctx)
+    data = prepare_e2e(cfg.data, cfg.encoder.patch_size)
+    try:
+        build_stage_model(cfg, data)
+    except ValueError as e:
+        raise ConfigError(f"{cfg.stage}: {e}") from None
+    init = initial_weights(cfg, data)
+    result, metrics = fit_stage(cfg, data, ctx, stage_identity(cfg, data), init)
+    with result.checkpoint.as_directory() as d:
+        scores = evaluate_stage(cfg, data, Path(d), Path(ctx.out_dir), ctx.tracker)
+    return {**stage_summary(cfg.stage, result, metrics, ctx, data), **scores}
+
+
+def stage_summary(stage: str, result, metrics: dict, ctx: JobContext, data: E2EData) -> dict[str, Any]:
+    return {"stage": stage, "val_rmse": _figures(metrics, "val/rmse/"), "val_loss": metrics.get("val/loss"),
+            "train_loss": metrics.get("train/epoch_loss"), "epochs": int(metrics.get("epoch", 0)),
+            "checkpoint": str(Path(result.checkpoint.path).resolve()), "n_parameters": metrics.get("n_parameters"),
+            "windows": data.counts()}
+
+
+def fit_stage(cfg, data: E2EData, ctx: JobContext, identity: dict, init: dict[str, str], stage=None,
+              out_dir: Path | None = None, label: str | None = None):
+    """Check, start the job, fit the stage on Ray Train; returns (Ray result, final metrics + n_parameters).
+
+    `stage` (e2e_loop.Stage) is the module/loss/validation of the stage, the deterministic ones by default;
+    `out_dir` the run's Ray storage parent (default the job's run directory)."""
+    from wxray.platform.train.stage_loop import Stage
+
+    stage = stage or Stage()
+    label = label or str(cfg.stage)
+    if "train" not in data.windows.anchors or not len(data.windows.anchors["train"]):
+        raise DataError(f"store {cfg.data.store}: no valid training windows (check data.*_range)")
+    out_dir = Path(out_dir or cfg.out_dir)
+    last = checkpoints.latest(out_dir / "ray")
+    if last is not None:
+        checkpoints.read_meta(last, expect_model=identity)
+    model = stage.build(cfg, data, {})
+    example = E2EReader(data.spec, data.obs)({"anchor": data.windows.anchors["train"][:1]})
+    session.ensure_ray(cfg.ray_address, timeout_s=cfg.ray_timeout_s)
+    resources.check_cluster_fits(cfg.scaling, reserve_cpus=cfg.data.read_cpus)
+    ctx.provenance["store"] = store_fingerprint(data.spec.store)
+    paths = {s.name: str(Path(data.obs.obs_dir) / s.path) for s in data.obs.streams}
+    hashed = {p: stream_fingerprint(p) for p in set(paths.values())}  # point streams share one dataset
+    ctx.provenance["obs_streams"] = {name: hashed[p] for name, p in paths.items()}
+    ctx.start()
+    if last is not None:
+        say(f"resuming from {last}")
+    n_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    counts = data.counts()
+    ctx.tracker.log_params({f"{label}.n_parameters": n_params,
+                            "streams": ",".join(s.name for s in data.obs.streams),
+                            **{f"windows.{k}": v for k, v in counts.items()}})
+    say(f"stage {label}: {n_params / 1e6:.2f}M trained parameters, streams "
+        f"{', '.join(s.name for s in data.obs.streams)}, windows {counts}, run directory {out_dir}")
+    ctx.keep_on_failure = True
+    with ProgressPrinter() as progress:
+        trainer = _make_trainer(cfg, data, out_dir, identity, init, example, ctx, progress.queue, stage, label)
+        try:
+            result = trainer.fit()
+        except Exception as e:
+            raise _training_error(e) from None
+    if result.checkpoint is None:
+        raise CheckpointError(f"stage {label} in {out_dir} finished without a checkpoint")
+    return result, {**(result.metrics or {}), "n_parameters": n_params}
+
+
+def _make_trainer(cfg, data: E2EData, out_dir: Path, identity, init, example, ctx, progress, stage, label):
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig
+    from ray.train.torch import TorchTrainer
+
+    from wxray.platform.train.stage_loop import train_fn_per_worker
+
+    datasets = build_e2e_datasets(cfg.data, data)
+    loop_config = {"cfg": to_dict(cfg), "data": data, "n_train": len(data.windows.anchors["train"]),
+                   "has_val": "val" in datasets, "identity": identity, "init": init, "example": example,
+                   "tracking_uri": ctx.tracker.uri, "mlflow_run_id": ctx.tracker.run_id or "", "progress": progress,
+                   "stage": stage, "cfg_cls": type(cfg), "label": label, "provenance": ctx.provenance}
+    return TorchTrainer(
+        train_fn_per_worker, train_loop_config=loop_config, scaling_config=resources.ray_scaling_config(cfg.scaling),
+        torch_config=resources.torch_config(cfg.scaling),  # GPU runs that may land on AMD: the ROCm device fix
+        run_config=RunConfig(name="train", storage_path=str((out_dir / "ray").resolve()),
+                             failure_config=FailureConfig(max_failures=cfg.train.max_failures),
+                             checkpoint_config=CheckpointConfig(num_to_keep=cfg.train.keep_checkpoints)),
+        datasets={k: v for k, v in datasets.items() if k in ("train", "val")},
+        dataset_config=exactly_once_data_config(),
+    )

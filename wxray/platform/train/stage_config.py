@@ -1,0 +1,81 @@
+"""The typed config of `jobs/train_e2e.py`: observations -> encoder -> processor -> decoder, stage by stage.
+
+Stages (`stage=`), each a Ray Train run in `runs/train_e2e/<run_name>/<stage>`:
+
+    encoder    observations of the assimilation window -> analysis z0, against the true state at t
+    processor  true state at t -> state at t+1 (the Res-Slim-ViT forecaster as `jobs/train_sparse.py` trains it)
+    decoder    true state at t -> station observations at t
+    chain      encoder + processor finetuned end to end at lead 1 (starts from the encoder and processor stages)
+
+A later stage finds the earlier ones by `run_name`; running a stage again with the same name resumes it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from wxray.config import InPath, NonNegFloat, NonNegInt, PosFloat, PosInt
+from wxray.data.e2e_windows import ObsDataConfig
+from wxray.errors import ConfigError
+from wxray.job import JobConfig
+from wxray.platform.cluster.scaling import ScalingCfg
+from wxray.platform.train.config import LoopConfig, ModelConfig, OptimConfig
+
+STAGES = ("encoder", "processor", "decoder", "chain")
+Stage = Literal["encoder", "processor", "decoder", "chain"]
+
+
+@dataclass
+class EncoderConfig:
+    hidden: PosInt = 64  # width of the per-pixel MLP between the SetConv embeddings and the ViT
+    latent: NonNegInt = 0  # channels the MLP hands the ViT (its tokenizer's variables); 0 = the state's channels
+    patch_size: PosInt = 4  # pixels per ViT token side (the processor's too: one grid)
+    embed_dim: PosInt = 128  # ViT token width
+    depth: PosInt = 4  # ViT blocks
+    num_heads: PosInt = 4  # attention heads (must divide embed_dim)
+    mlp_ratio: PosFloat = 4.0  # ViT MLP hidden width / embed_dim
+    length_scale_deg: NonNegFloat = 0.0  # initial SetConv length scale (learned per stream); 0 = the grid spacing
+
+    def validate(self) -> None:
+        if self.embed_dim % self.num_heads:
+            raise ConfigError(f"encoder.embed_dim={self.embed_dim} is not divisible by "
+                              f"encoder.num_heads={self.num_heads}")
+
+
+@dataclass
+class DecoderConfig:
+    hidden: PosInt = 64  # width of the grid convolutions and the station MLP
+    length_scale_deg: NonNegFloat = 0.0  # initial grid -> station SetConv length scale; 0 = the grid spacing
+
+
+@dataclass
+class TrainE2EConfig(JobConfig):
+    stage: Stage = "encoder"  # encoder | processor | decoder | chain (see the module docstring)
+    data: ObsDataConfig = field(default_factory=lambda: ObsDataConfig(history=1, lead_steps=1, batch_size=8))
+    encoder: EncoderConfig = field(default_factory=EncoderConfig)
+    processor: ModelConfig = field(default_factory=lambda: ModelConfig(patch_size=4, depth=6, split=(2, 2, 2),
+                                                                       keep_ratio=0.5))
+    decoder: DecoderConfig = field(default_factory=DecoderConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: LoopConfig = field(default_factory=lambda: LoopConfig(epochs=10))
+    scaling: ScalingCfg = field(default_factory=ScalingCfg)
+    chain_analysis_weight: NonNegFloat = 1.0  # chain: weight of the analysis error beside the lead-1 error
+    stages_dir: InPath = ""  # where the earlier stages are; "" = runs/train_e2e/<run_name>
+    ray_address: str = ""  # Ray cluster (host:port); "" = RAY_ADDRESS (ray job submit) or a new local one
+    ray_timeout_s: PosFloat = 60.0  # give up on an unreachable ray_address after this many seconds
+    # JobConfig: run_name names the chain of stages ("" = "e2e"); out_dir "" = runs/train_e2e/<run_name>/<stage>.
+
+    experiment = "wxray-e2e"
+
+    def run_label(self, job: str) -> str:
+        return f"e2e-{self.stage}"
+
+    def validate(self) -> None:
+        if self.stage not in STAGES:
+            raise ConfigError(f"stage must be one of {', '.join(STAGES)}, got {self.stage!r}")
+        name = self.run_name or "e2e"
+        if not self.stages_dir:
+            self.stages_dir = f"runs/train_e2e/{name}"
+        if not self.out_dir:
+            self.out_dir = f"{self.stages_dir}/{self.stage}"

@@ -1,0 +1,117 @@
+"""Per-lead scores of a rollout against its store, beside persistence: the `rollout` entry of RESULT.
+
+Per target channel and lead, WeatherBench 2 conventions, latitude-weighted over the forecast's (kept)
+grid, at the forecast's own inits:
+
+    rmse = sqrt(mean over inits of the spatial MSE)
+    acc  = mean over inits of the uncentred anomaly correlation, anomalies against the store's
+           `stats/climatology` at the valid time (only when the store has one)
+
+and the same scores of persistence (the state at init, unchanged) at the same inits and leads, so a
+forecast that does not beat persistence shows at once. A forecast with a `member` dim is scored by its
+ensemble mean (`jobs/evaluate.py` gives CRPS and spread-skill). The report:
+
+    {"lead_hours": [6, 12], "inits": 40, "members": 1, "scored": "forecast",
+     "units": {"geopotential_500": "m**2 s**-2"},
+     "rmse": {"geopotential_500": [r6, r12]}, "persistence_rmse": {...},
+     "acc": {...}, "persistence_acc": {...}}          # acc entries only with a climatology
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import xarray as xr
+
+from wxray.data.schema import INIT, LEAD, LEVEL, MEMBER
+
+SCORES = ("rmse", "acc", "persistence_rmse", "persistence_acc")
+
+
+def on_grid(ds: xr.Dataset, forecast: xr.Dataset, what: str) -> xr.Dataset:
+    """`ds` (store grid) at the points of `forecast`, a block of it (the kept rows and columns of a cropped
+    grid, for instance), with the forecast's coordinates: `wxray.verify.forecasts.crop_to`."""
+    from wxray.verify.forecasts import crop_to
+
+    return crop_to(ds, forecast, what)
+
+
+def at_levels(da: xr.DataArray, like: xr.DataArray) -> xr.DataArray:
+    """`da` at the levels of `like` (the forecast's target levels, a subset of the store's)."""
+    return da.sel({LEVEL: like[LEVEL].values}) if LEVEL in like.dims and LEVEL in da.dims else da
+
+
+def _channel_names(da: xr.DataArray, var: str) -> list[str]:
+    return [f"{var}_{int(lv)}" for lv in da[LEVEL].values] if LEVEL in da.dims else [var]
+
+
+def _by_channel(scores: xr.DataArray, var: str) -> dict[str, list[float]]:
+    if LEVEL in scores.dims:
+        return dict(zip(_channel_names(scores, var), scores.transpose(LEVEL, ...).values.tolist(), strict=True))
+    return {var: scores.values.tolist()}
+
+
+def score_per_lead(forecast: xr.Dataset, truth: xr.Dataset,
+                   climatology: xr.Dataset | None = None) -> dict[str, dict[str, list[float]]]:
+    """{"rmse": {channel: [per lead]}, "acc": {...}}; "acc" only where `climatology` has the variable."""
+    from wxray.verify.deterministic import acc, climatology_at, rmse
+    from wxray.verify.forecasts import truth_at
+
+    inits = forecast[INIT].values
+    truth = on_grid(truth, forecast, "store")
+    if climatology is not None:
+        climatology = on_grid(climatology, forecast, "store stats/climatology")
+    out: dict[str, dict[str, list[float]]] = {"rmse": {}, "acc": {}}
+    for var in map(str, forecast.data_vars):
+        field = forecast[var].mean(MEMBER) if MEMBER in forecast[var].dims else forecast[var]
+        clim = climatology[var] if climatology is not None and var in climatology else None
+        per_lead: dict[str, list[xr.DataArray]] = {"rmse": [], "acc": []}
+        for lead in forecast[LEAD].values:
+            fc = field.sel({LEAD: lead})
+            t = at_levels(truth_at(truth[var], inits, lead, f"truth {var}"), fc)
+            per_lead["rmse"].append(rmse(fc, t, time_dims=(INIT,)))
+            if clim is not None:
+                valid = xr.DataArray(pd.DatetimeIndex(inits + lead), dims=INIT, coords={INIT: inits})
+                c = at_levels(climatology_at(clim, valid), fc)
+                per_lead["acc"].append(acc(fc, t, c).mean(INIT))
+        for name, values in per_lead.items():
+            if values:
+                out[name].update(_by_channel(xr.concat(values, dim=LEAD), var))
+    return {k: v for k, v in out.items() if v}
+
+
+def persistence_like(forecast: xr.Dataset, truth: xr.Dataset) -> xr.Dataset:
+    """Persistence at the forecast's inits, leads, points and levels."""
+    from wxray.verify.forecasts import persistence_forecast
+
+    names = list(map(str, forecast.data_vars))
+    pers = persistence_forecast(on_grid(truth, forecast, "store"), forecast[INIT].values, forecast[LEAD].values,
+                                names)
+    return xr.Dataset({v: at_levels(pers[v], forecast[v]) for v in names})
+
+
+def _hours(leads: np.ndarray) -> list[float | int]:
+    hours = [float(h) for h in leads / np.timedelta64(1, "h")]
+    return [int(h) if h.is_integer() else h for h in hours]
+
+
+def rollout_report(forecast: xr.Dataset, truth: xr.Dataset, climatology: xr.Dataset | None = None) -> dict[str, Any]:
+    """The self-describing per-lead scores of the module docstring."""
+    scores = score_per_lead(forecast, truth, climatology)
+    persistence = score_per_lead(persistence_like(forecast, truth), truth, climatology)
+    units = {ch: str(truth[var].attrs.get("units", "")) for var in map(str, forecast.data_vars)
+             for ch in _channel_names(forecast[var], var)}
+    return {"lead_hours": _hours(forecast[LEAD].values), "inits": int(forecast.sizes[INIT]),
+            "members": int(forecast.sizes.get(MEMBER, 1)),
+            "scored": "ensemble mean" if MEMBER in forecast.dims else "forecast", "units": units,
+            **scores, **{f"persistence_{k}": v for k, v in persistence.items()}}
+
+
+def log_report(report: dict[str, Any], tracker) -> None:
+    """One MLflow metric per score and channel, the lead in hours as the step: curves against lead."""
+    for j, hours in enumerate(report["lead_hours"]):
+        metrics = {f"rollout/{score}/{ch}": values[j] for score in SCORES if score in report
+                   for ch, values in report[score].items()}
+        tracker.log_metrics(metrics, step=int(round(hours)))
