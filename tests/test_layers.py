@@ -1,5 +1,6 @@
 """The package's floors: models, data and verify never import the Ray layer (wxray.platform, wxray.tune);
-models import nothing of data, verify or I/O libraries either."""
+models import nothing of data, verify or I/O libraries either (of wxray only its config vocabulary and errors),
+verify nothing of models; and no module hides an import of wxray in a function (a circle would hide there)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ FORBIDDEN = {
     "models": ("wxray.platform", "wxray.tune", "wxray.data", "wxray.verify", "wxray.job", "wxray.tracking",
                "ray", "mlflow", "xarray", "zarr"),
     "data": ("wxray.platform", "wxray.tune", "ray"),
-    "verify": ("wxray.platform", "wxray.tune", "ray"),
+    "verify": ("wxray.platform", "wxray.tune", "wxray.models", "ray", "torch"),
 }
+MODELS_MAY_IMPORT = ("wxray.models", "wxray.config", "wxray.errors")
 
 
 def imported_modules(path: Path) -> set[str]:
@@ -35,4 +37,24 @@ def test_lower_layers_do_not_import_upper_ones(layer):
         for mod in imported_modules(f):
             if any(mod == p or mod.startswith(p + ".") for p in FORBIDDEN[layer]):
                 bad.append(f"{f.relative_to(PKG.parent)} imports {mod}")
+    assert not bad, "\n".join(bad)
+
+
+def test_models_import_of_wxray_only_their_own_config_vocabulary_and_errors():
+    bad = [f"{f.relative_to(PKG.parent)} imports {mod}" for f in sorted((PKG / "models").rglob("*.py"))
+           for mod in imported_modules(f) if mod.startswith("wxray") and not mod.startswith(MODELS_MAY_IMPORT)]
+    assert not bad, "\n".join(bad)
+
+
+def test_no_import_of_wxray_inside_a_function():
+    """Imports of wxray modules sit at the top of the module: one hidden in a function is how an import circle
+    hides (heavy third-party libraries, e.g. ray or matplotlib, may still load where they are used)."""
+    bad = []
+    for f in sorted(PKG.rglob("*.py")):
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                for sub in ast.walk(node):
+                    if isinstance(sub, ast.ImportFrom) and (sub.module or "").startswith("wxray") or \
+                            isinstance(sub, ast.Import) and any(a.name.startswith("wxray") for a in sub.names):
+                        bad.append(f"{f.relative_to(PKG.parent)}:{sub.lineno} in {node.name}()")
     assert not bad, "\n".join(bad)

@@ -18,12 +18,12 @@ from wxray.data.window_data import DataConfig, WindowData
 from wxray.data.windows import fit_spec, make_spec
 from wxray.job import JobContext, run_job
 from wxray.models import EDMForecaster
+from wxray.models.registry import ModelConfig, build_forecaster, model_identity
 from wxray.platform.inference.forecast import ForecastConfig, forecast
 from wxray.platform.inference.rollout import rollout
 from wxray.platform.train import checkpoints
-from wxray.platform.train.config import ModelConfig, TrainSparseConfig
+from wxray.platform.train.config import TrainSparseConfig
 from wxray.platform.train.evaluation import evaluate_checkpoint
-from wxray.platform.train.loop import build_forecaster, model_identity
 from wxray.provenance import store_fingerprint
 from wxray.verify.evaluate import EvaluateConfig, evaluate
 

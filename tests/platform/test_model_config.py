@@ -9,8 +9,9 @@ import pytest
 from wxray.config import load_config
 from wxray.errors import CheckpointError, ConfigError
 from wxray.models import SELECTIONS
+from wxray.models.registry import ModelConfig, Selection
 from wxray.platform.train import checkpoints
-from wxray.platform.train.config import ModelConfig, Selection, TrainSparseConfig
+from wxray.platform.train.config import TrainSparseConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 

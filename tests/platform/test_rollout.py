@@ -131,8 +131,7 @@ def test_report_without_climatology_has_no_acc(tiny_store):
 
 
 def _tiny_model(spec):
-    from wxray.platform.train.config import ModelConfig
-    from wxray.platform.train.loop import build_forecaster
+    from wxray.models.registry import ModelConfig, build_forecaster
 
     torch.manual_seed(0)
     return build_forecaster(ModelConfig(embed_dim=16, depth=3, num_heads=2, split=(1, 1, 1), keep_ratio=0.5,

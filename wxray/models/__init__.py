@@ -12,10 +12,14 @@ sample_heun / sample_stochastic, or call EDMForecaster(denoiser)(x, generator=g)
 
 from __future__ import annotations
 
-from typing import Any
-
-from torch import nn
-
+from wxray.models.backbone import (
+    CNNSkip,
+    ResSlimBackbone,
+    Tokenizer,
+    VariableAggregation,
+    default_split,
+    sincos_pos_embed_2d,
+)
 from wxray.models.blocks import MLP, Attention, Block, Dropout, DropPath, RowGenerators, enable_mc_dropout
 from wxray.models.e2e import ObsEncoder, StationDecoder, StreamInput
 from wxray.models.edm import (
@@ -39,14 +43,18 @@ from wxray.models.losses import (
     per_patch_error,
     selector_loss,
 )
-from wxray.models.reslim import (
-    CNNSkip,
-    ResSlimViT,
-    Tokenizer,
-    VariableAggregation,
-    default_split,
-    sincos_pos_embed_2d,
+from wxray.models.registry import (
+    GENERATIVE_MODEL_NAMES,
+    MODEL_NAMES,
+    MODELS,
+    ModelConfig,
+    SamplerConfig,
+    as_forecaster,
+    build_forecaster,
+    build_model,
+    model_identity,
 )
+from wxray.models.reslim import ResSlimViT
 from wxray.models.routing import SparseRouter
 from wxray.models.selectors import (
     SELECTIONS,
@@ -71,46 +79,13 @@ from wxray.models.stochastic import (
     tile_members,
 )
 
-MODEL_NAMES = ("reslim", "droppath", "sprint", "climax")  # forecasters: model(x, generator=g) -> y
-GENERATIVE_MODEL_NAMES = ("edm",)  # denoisers: model(y_noisy, sigma, cond, generator=g, routing=None) -> D
-
-
-def build_model(name: str, **kwargs: Any) -> nn.Module:
-    """Model by config name; kwargs are ResSlimViT's constructor arguments.
-
-    reslim:   ResSlimViT (dense when keep_ratio == 1)
-    droppath: dense ResSlimViT regularised by stochastic depth; needs drop_path > 0 (0.1 is the usual
-              baseline value) and keep_ratio 1
-    sprint:   Sprint-style sparse stage (mask token + linear fusion) on the same backbone
-    climax:   pure ViT, same tokenizer and blocks, no CNN skip (appendix B.1); may still be routed
-    edm:      ResSlimEDM, the generative denoiser (GENERATIVE_MODEL_NAMES): the same kwargs plus sigma_data;
-              its forward is (y_noisy, sigma, cond, generator, routing), not (x, generator)
-    """
-    if name == "reslim":
-        return ResSlimViT(**kwargs)
-    if name == "droppath":
-        if kwargs.get("keep_ratio", 1.0) != 1.0:
-            raise ValueError(
-                f"droppath is a dense baseline; keep_ratio must be 1.0, got {kwargs['keep_ratio']}"
-            )
-        if not kwargs.get("drop_path", 0.0) > 0.0:
-            raise ValueError("droppath needs drop_path > 0 (e.g. 0.1); with 0 it is the plain dense model")
-        return ResSlimViT(**{**kwargs, "keep_ratio": 1.0})
-    if name == "sprint":
-        return SprintViT(**kwargs)
-    if name == "climax":
-        if kwargs.get("cnn_skip", False):
-            raise ValueError("climax has no CNN skip path; drop cnn_skip=True or use 'reslim'")
-        return ResSlimViT(**{**kwargs, "cnn_skip": False})
-    if name == "edm":
-        return ResSlimEDM(**kwargs)
-    raise ValueError(f"unknown model {name!r}; expected one of {', '.join(MODEL_NAMES + GENERATIVE_MODEL_NAMES)}")
-
-
 __all__ = [
     "GENERATIVE_MODEL_NAMES",
     "MLP",
+    "MODELS",
     "MODEL_NAMES",
+    "ModelConfig",
+    "SamplerConfig",
     "NOISE_MODES",
     "SAMPLERS",
     "SELECTIONS",
@@ -135,6 +110,7 @@ __all__ = [
     "NoiseEmbedding",
     "ObsEncoder",
     "RandomSelector",
+    "ResSlimBackbone",
     "ResSlimEDM",
     "ResSlimViT",
     "RoutingContext",
@@ -149,7 +125,10 @@ __all__ = [
     "TokenSelector",
     "Tokenizer",
     "VariableAggregation",
+    "as_forecaster",
+    "build_forecaster",
     "build_model",
+    "model_identity",
     "condition_layernorms",
     "default_split",
     "edm_loss",

@@ -31,11 +31,10 @@ import torch
 import torch.nn as nn
 from torch import Tensor
 
-from wxray.models.blocks import Dropout, RowGenerators, normal
+from wxray.models.backbone import ResSlimBackbone, Tokenizer
+from wxray.models.blocks import RowGenerators, normal
 from wxray.models.edm_blocks import EDMBlock, NoiseEmbedding
 from wxray.models.losses import lat_weighted_mse
-from wxray.models.reslim import CNNSkip, Tokenizer, _init_weights, _validate, default_split
-from wxray.models.routing import SparseRouter
 from wxray.models.selectors import RandomSelector, RoutingContext
 
 
@@ -132,9 +131,10 @@ class ConditionTokenizer(nn.Module):
         return self.proj(tokens.permute(0, 2, 1, 3).flatten(2))  # (B, L, H * D) -> (B, L, D)
 
 
-class ResSlimEDM(nn.Module):
+class ResSlimEDM(ResSlimBackbone):
     """EDM denoiser with Sparse-Reslim middle blocks. forward(y, sigma, cond, generator=None, routing=None).
 
+    The trunk (blocks, router, head, CNN skip, shape checks) is ResSlimViT's (`backbone.ResSlimBackbone`).
     Constructor: ResSlimViT's arguments (so build_model("edm", ...) takes the same config) plus
     `sigma_data` (std of the normalised target fields; 1.0 for standardised data). `selection` must be
     "random": a score-based selection would read the tokens, which change with sigma, and could not be
@@ -175,55 +175,33 @@ class ResSlimEDM(nn.Module):
         local_condition: bool = False,
     ):
         super().__init__()
-        img_size = tuple(int(s) for s in img_size)
-        _validate(n_vars, history, n_const, n_out, img_size, patch_size, embed_dim, depth, num_heads)
         if selection != "random":
             raise ValueError(
                 f"edm supports selection='random' only (held fixed across denoising steps), got {selection!r}"
             )
-        if not 0.0 <= drop_path < 1.0 or not 0.0 <= dropout < 1.0:
-            raise ValueError(f"drop_path ({drop_path}) and dropout ({dropout}) must be in [0, 1)")
+        img_size = self.check_shape(n_vars, history, n_const, n_out, img_size, patch_size, embed_dim, depth,
+                                    num_heads, drop_path, dropout)
         if not sigma_data > 0:
             raise ValueError(f"sigma_data must be > 0, got {sigma_data}")
-        self.n_vars, self.history, self.n_const, self.n_out = n_vars, history, n_const, n_out
-        self.img_size, self.patch_size, self.sigma_data = img_size, patch_size, float(sigma_data)
+        self.sigma_data = float(sigma_data)
         self.local_condition = bool(local_condition)
         self.periodic_longitude = periodic_longitude
         self.cond_channels = n_vars * history + n_const
 
         self.target_tokenizer = Tokenizer(n_out, 1, 0, img_size, patch_size, embed_dim, num_heads, pos_embed)
-        self.grid = self.target_tokenizer.grid
-        self.num_tokens = self.grid[0] * self.grid[1]
+        grid = self.target_tokenizer.grid
+        self.num_tokens = grid[0] * grid[1]
         self.target_time = nn.Parameter(torch.zeros(1, 1, embed_dim))  # p_time of the target frame
         nn.init.trunc_normal_(self.target_time, std=0.02)
         self.condition = ConditionTokenizer(n_vars, history, n_const, img_size, patch_size, embed_dim,
                                             num_heads, pos_embed)
         self.noise_embed = NoiseEmbedding(embed_dim)
-        self.embed_drop = Dropout(dropout)
-        rates = torch.linspace(0.0, drop_path, depth).tolist()
-        blocks = [EDMBlock(embed_dim, num_heads, mlp_ratio, dropout=dropout, drop_path=r) for r in rates]
-        split = tuple(split) if split is not None else default_split(depth)
-        selector = HeldRandomSelector(deterministic=deterministic_eval)
-        self.router = SparseRouter(blocks, split, keep_ratio, selector, dim=embed_dim)
-        if self.router.sparse and self.router.num_selected(self.num_tokens) < 1:
-            raise ValueError(f"keep_ratio {keep_ratio} selects no tokens out of L={self.num_tokens}")
-        self.norm = nn.LayerNorm(embed_dim)
-        self.head = nn.Sequential(
-            nn.Linear(embed_dim, embed_dim), nn.GELU(), nn.Linear(embed_dim, patch_size**2 * n_out)
-        )
-        self.skip = CNNSkip(n_out, n_out, patch_size, skip_channels) if cnn_skip else None
-        self.apply(_init_weights)
+        self.build_trunk(EDMBlock, grid, embed_dim, depth, num_heads, mlp_ratio, split, keep_ratio,
+                         HeldRandomSelector(deterministic=deterministic_eval), dropout, drop_path, n_out, cnn_skip,
+                         skip_channels)
         self.noise_embed.reset_parameters()
-        for block in blocks:
+        for block in self.router.blocks:
             block.zero_init()
-
-    @property
-    def activation_checkpointing(self) -> bool:
-        return self.router.activation_checkpointing
-
-    @activation_checkpointing.setter
-    def activation_checkpointing(self, on: bool) -> None:
-        self.router.activation_checkpointing = bool(on)
 
     @property
     def num_routed(self) -> int:
@@ -253,13 +231,6 @@ class ResSlimEDM(nn.Module):
         if s.shape != (batch_size,):
             raise ValueError(f"sigma must be a scalar or have {batch_size} entries, got shape {tuple(s.shape)}")
         return s
-
-    def decode(self, tokens: Tensor) -> Tensor:
-        """(B, L, D) -> (B, n_out, h, w)."""
-        B = tokens.shape[0]
-        (gh, gw), p = self.grid, self.patch_size
-        y = self.head(self.norm(tokens)).view(B, gh, gw, p, p, self.n_out)
-        return y.permute(0, 5, 1, 3, 2, 4).reshape(B, self.n_out, gh * p, gw * p)
 
     def raw(
         self,

@@ -39,10 +39,10 @@ from wxray.data.windows import WindowSpec, fit_spec, make_spec, parse_range, spl
 from wxray.errors import CheckpointError, ConfigError, DataError
 from wxray.io import resolve_path
 from wxray.job import JobConfig, JobContext
+from wxray.models.registry import ModelConfig, SamplerConfig, channel_signature
 from wxray.platform.inference.checkpoint_forecast import forecast_and_score, load_forecaster
 from wxray.platform.inference.rollout import check_rollout, rollout_anchors, routing_varies
 from wxray.platform.train import checkpoints
-from wxray.platform.train.config import ModelConfig, SamplerConfig
 from wxray.provenance import store_fingerprint
 
 
@@ -123,17 +123,11 @@ def _placeholder_stats(ds: xr.Dataset) -> Stats:
     return Stats(mean=zero, std=one, diff_mean=zero, diff_std=one, climatology=None)
 
 
-def _channels(spec: WindowSpec) -> list[str]:
-    """A spec's channels as `trainer_loop.model_identity` records them in meta.json (`model.channels`)."""
-    return ([c.name for c in spec.inputs] + ["->"] + [c.name for c in spec.targets] + ["const:"]
-            + list(spec.constants))
-
-
 def check_channels(ckpt: Path, meta: dict[str, Any], spec: WindowSpec) -> None:
     """CheckpointError unless the store of `spec` gives the channels (variables, levels, constants) the
     checkpoint was trained on, in its order; checkpoints that do not record them are checked by their weights."""
     theirs = checkpoints.meta_model(meta).get("channels")
-    ours = _channels(spec)
+    ours = channel_signature(spec)
     if theirs is None or theirs == ours:
         return
     missing = list(dict.fromkeys(c for c in theirs if c not in ours))  # inputs and targets share names

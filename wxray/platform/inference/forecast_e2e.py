@@ -36,13 +36,13 @@ from wxray.errors import CheckpointError, ConfigError, DataError
 from wxray.io import atomic_path
 from wxray.job import JobConfig, JobContext, say
 from wxray.models import RowGenerators
+from wxray.models.registry import build_forecaster
 from wxray.platform.inference.checkpoint_forecast import load_forecaster
 from wxray.platform.inference.forecast import resolve_device
 from wxray.platform.inference.nested import ROUTING_SOURCE, describe, draw_seed, load_stochastic, nested, run_ensemble
 from wxray.platform.inference.rollout import rollout_anchors, to_forecast_dataset, write_forecast
 from wxray.platform.train import checkpoints
 from wxray.platform.train.e2e import trained_stage
-from wxray.platform.train.loop import build_forecaster
 from wxray.platform.train.stage_config import TrainE2EConfig
 from wxray.platform.train.stage_eval import physical
 from wxray.platform.train.stages import (

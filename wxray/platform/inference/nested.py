@@ -30,8 +30,8 @@ from wxray.config import load_yaml
 from wxray.data.e2e_windows import E2EData, E2EReader
 from wxray.errors import CheckpointError, ConfigError
 from wxray.models import RowGenerators, StochasticEncoder, mc_dropout, tile_members
+from wxray.models.registry import build_forecaster
 from wxray.platform.train import checkpoints
-from wxray.platform.train.loop import build_forecaster
 from wxray.platform.train.stage_config import TrainE2EConfig
 from wxray.platform.train.stage_eval import physical
 from wxray.platform.train.stages import StationSet, build_encoder, next_state, obs_of, processor_input

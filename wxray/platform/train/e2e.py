@@ -16,11 +16,11 @@ from wxray.data.e2e_windows import E2EData, E2EReader, prepare_e2e
 from wxray.data.window_data import DataConfig
 from wxray.errors import CheckpointError, ConfigError, DataError
 from wxray.job import JobContext, say
+from wxray.models.registry import model_identity
 from wxray.platform.cluster import resources, session
 from wxray.platform.train import checkpoints
 from wxray.platform.train.config import TrainSparseConfig
 from wxray.platform.train.datasets import build_e2e_datasets, exactly_once_data_config
-from wxray.platform.train.loop import model_identity
 from wxray.platform.train.reporting import ProgressPrinter
 from wxray.platform.train.sparse import _figures, _training_error, train_sparse
 from wxray.platform.train.stage_config import TrainE2EConfig

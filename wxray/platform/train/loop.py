@@ -18,35 +18,14 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from wxray.config import from_dict, to_dict
+from wxray.config import from_dict
 from wxray.data.windows import WindowSpec, to_physical
-from wxray.models import EDMForecaster, build_model, edm_loss, lat_weighted_mse, latitude_weights, selector_loss
+from wxray.models import edm_loss, lat_weighted_mse, latitude_weights, selector_loss
+from wxray.models.registry import ModelConfig, SamplerConfig, as_forecaster, build_forecaster
 from wxray.platform.cluster import devices, memory
 from wxray.platform.train import checkpoints
-from wxray.platform.train.config import ModelConfig, SamplerConfig, TrainSparseConfig
+from wxray.platform.train.config import TrainSparseConfig
 from wxray.platform.train.reporting import Reporter, stop_requested
-
-
-def build_forecaster(cfg: ModelConfig, spec: WindowSpec) -> torch.nn.Module:
-    kwargs = dict(n_vars=len(spec.inputs), history=spec.history, n_const=len(spec.constants),
-                  n_out=len(spec.targets), img_size=spec.grid, patch_size=cfg.patch_size,
-                  embed_dim=cfg.embed_dim, depth=cfg.depth, num_heads=cfg.num_heads, mlp_ratio=cfg.mlp_ratio,
-                  split=tuple(cfg.split), keep_ratio=cfg.keep_ratio, selection=cfg.selection,
-                  deterministic_eval=cfg.deterministic_eval, drop_path=cfg.drop_path, dropout=cfg.dropout,
-                  pos_embed=cfg.pos_embed, periodic_longitude=spec.periodic_longitude)
-    if cfg.name != "climax":
-        kwargs["skip_channels"] = cfg.skip_channels
-    if cfg.generative:
-        kwargs.update(sigma_data=cfg.sigma_data, local_condition=cfg.local_condition)
-    return build_model(cfg.name, **kwargs)
-
-
-def as_forecaster(model: torch.nn.Module, cfg: ModelConfig, sampler: SamplerConfig) -> torch.nn.Module:
-    """`model` called as forecaster(x, generator=g) -> next state: a generative denoiser (DDP-unwrapped)
-    wrapped with its sampler, any other model as it is."""
-    if not cfg.generative:
-        return model
-    return EDMForecaster(getattr(model, "module", model), **sampler.kwargs())
 
 
 def training_loss(model: torch.nn.Module, cfg: ModelConfig, spec: WindowSpec, batch: dict, lat_w: torch.Tensor,
@@ -60,12 +39,6 @@ def training_loss(model: torch.nn.Module, cfg: ModelConfig, spec: WindowSpec, ba
     loss = lat_weighted_mse(spec.unpad(pred), spec.unpad(y), lat_w, var_w)
     # None unless selection=learned; on the model grid, padded rows weighted 0
     return loss, selector_loss(model, pred, y, spec.row_weights(lat_w))
-
-
-def model_identity(cfg: ModelConfig, spec: WindowSpec) -> dict[str, Any]:
-    """What a checkpoint must agree on to be loaded into this run's model."""
-    return {**to_dict(cfg), "channels": [c.name for c in spec.inputs] + ["->"] + [c.name for c in spec.targets]
-            + ["const:"] + list(spec.constants)}
 
 
 def epoch_generator(seed: int, epoch: int, rank: int) -> torch.Generator:

@@ -18,12 +18,13 @@ from wxray.data.window_data import WindowData, prepare_windows
 from wxray.data.windows import fit_spec
 from wxray.errors import CheckpointError, ConfigError, DataError, WxrayError
 from wxray.job import JobContext, say
+from wxray.models.registry import build_forecaster, model_identity
 from wxray.platform.cluster import resources, session
 from wxray.platform.train import checkpoints
 from wxray.platform.train.config import TrainSparseConfig
 from wxray.platform.train.datasets import build_datasets, exactly_once_data_config
 from wxray.platform.train.evaluation import evaluate_checkpoint
-from wxray.platform.train.loop import build_forecaster, model_identity, train_fn_per_worker
+from wxray.platform.train.loop import train_fn_per_worker
 from wxray.platform.train.reporting import ProgressPrinter
 from wxray.provenance import store_fingerprint
 

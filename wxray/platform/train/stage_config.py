@@ -19,8 +19,9 @@ from wxray.config import InPath, NonNegFloat, NonNegInt, PosFloat, PosInt
 from wxray.data.e2e_windows import ObsDataConfig
 from wxray.errors import ConfigError
 from wxray.job import JobConfig
+from wxray.models.registry import ModelConfig
 from wxray.platform.cluster.scaling import ScalingCfg
-from wxray.platform.train.config import LoopConfig, ModelConfig, OptimConfig
+from wxray.platform.train.config import LoopConfig, OptimConfig
 
 STAGES = ("encoder", "processor", "decoder", "chain")
 Stage = Literal["encoder", "processor", "decoder", "chain"]

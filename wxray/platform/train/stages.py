@@ -25,7 +25,7 @@ from wxray.config import to_dict
 from wxray.data.e2e_windows import E2EData
 from wxray.data.windows import WindowSpec, per_channel
 from wxray.models import ObsEncoder, StationDecoder, StreamInput, lat_weighted_mse
-from wxray.platform.train.loop import build_forecaster
+from wxray.models.registry import build_forecaster
 from wxray.platform.train.stage_config import TrainE2EConfig
 
 

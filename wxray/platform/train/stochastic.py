@@ -30,10 +30,10 @@ from wxray.errors import CheckpointError, ConfigError
 from wxray.job import JobConfig, JobContext, say
 from wxray.models import StochasticEncoder, fair_crps_loss, set_dropout, split_members, tile_members
 from wxray.models.blocks import uniform
+from wxray.models.registry import build_forecaster
 from wxray.platform.cluster.scaling import ScalingCfg
 from wxray.platform.train import checkpoints
 from wxray.platform.train.config import LoopConfig, OptimConfig
-from wxray.platform.train.loop import build_forecaster
 from wxray.platform.train.stage_config import TrainE2EConfig
 from wxray.platform.train.stage_loop import Stage
 from wxray.platform.train.stages import build_encoder, next_state, obs_of, processor_input
