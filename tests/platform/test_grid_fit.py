@@ -76,7 +76,7 @@ def test_crop_reads_the_kept_rows(odd_store):
 
 
 def test_pad_reads_padded_windows_and_masks_the_padding(odd_store):
-    from wxray.platform.train.loop import validate
+    from wxray.platform.train.tasks import validate
 
     path, ds = odd_store
     spec = _spec(path, 2, "pad")

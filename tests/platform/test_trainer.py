@@ -147,7 +147,7 @@ def test_worker_side_errors_reach_the_user_as_one_line():
     from ray.train.v2.api.exceptions import WorkerGroupError
 
     from wxray.errors import DataError
-    from wxray.platform.train.sparse import _training_error
+    from wxray.platform.train.trainer import training_error as _training_error
 
     inner = DataError("store s.zarr: NaN/inf in windows with anchors [3]; training needs complete fields")
     task = RayTaskError("read", "Traceback (most recent call last):\n  ...", inner)  # a Ray Data read task

@@ -1,8 +1,8 @@
 """The driver of `jobs/train_e2e.py`: one stage of the end-to-end system as a Ray Train run, then its scores.
 
 Everything is checked before Ray starts (store, streams, configs, the earlier stages a stage needs). The
-processor stage is the forecaster's job (`trainer.train_sparse`, history 1) so it keeps every feature of
-it; encoder, decoder and chain run `e2e_loop.train_fn_per_worker` with the same Train machinery.
+processor stage is the forecaster's job (`sparse.train_sparse`, history 1) so it keeps every feature of
+it; encoder, decoder and chain are `stages.StageTask`s of the same loop (`loop.train_fn_per_worker`).
 """
 
 from __future__ import annotations
@@ -11,21 +11,20 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from wxray.config import from_dict, load_yaml, to_dict
+from wxray.config import from_dict, load_yaml
 from wxray.data.e2e_windows import E2EData, E2EReader, prepare_e2e
 from wxray.data.window_data import DataConfig
 from wxray.errors import CheckpointError, ConfigError, DataError
 from wxray.job import JobContext, say
 from wxray.models.registry import model_identity
-from wxray.platform.cluster import resources, session
-from wxray.platform.train import checkpoints
+from wxray.platform.train import checkpoints, trainer
 from wxray.platform.train.config import TrainSparseConfig
-from wxray.platform.train.datasets import build_e2e_datasets, exactly_once_data_config
-from wxray.platform.train.reporting import ProgressPrinter
-from wxray.platform.train.sparse import _figures, _training_error, train_sparse
+from wxray.platform.train.datasets import build_e2e_datasets
+from wxray.platform.train.sparse import train_sparse
 from wxray.platform.train.stage_config import TrainE2EConfig
 from wxray.platform.train.stage_eval import evaluate_stage
-from wxray.platform.train.stages import build_stage_model, stage_identity
+from wxray.platform.train.stages import StageTask, build_stage_model, stage_identity
+from wxray.platform.train.tasks import Task
 from wxray.provenance import store_fingerprint, stream_fingerprint
 
 
@@ -83,40 +82,33 @@ def train_e2e(cfg: TrainE2EConfig, ctx: JobContext) -> dict[str, Any]:
         build_stage_model(cfg, data)
     except ValueError as e:
         raise ConfigError(f"{cfg.stage}: {e}") from None
-    init = initial_weights(cfg, data)
-    result, metrics = fit_stage(cfg, data, ctx, stage_identity(cfg, data), init)
+    task = StageTask(cfg, data, initial_weights(cfg, data))
+    result, metrics = fit_stage(cfg, data, ctx, stage_identity(cfg, data), task)
     with result.checkpoint.as_directory() as d:
         scores = evaluate_stage(cfg, data, Path(d), Path(ctx.out_dir), ctx.tracker)
     return {**stage_summary(cfg.stage, result, metrics, ctx, data), **scores}
 
 
 def stage_summary(stage: str, result, metrics: dict, ctx: JobContext, data: E2EData) -> dict[str, Any]:
-    return {"stage": stage, "val_rmse": _figures(metrics, "val/rmse/"), "val_loss": metrics.get("val/loss"),
+    return {"stage": stage, "val_rmse": trainer.figures(metrics, "val/rmse/"), "val_loss": metrics.get("val/loss"),
             "train_loss": metrics.get("train/epoch_loss"), "epochs": int(metrics.get("epoch", 0)),
             "checkpoint": str(Path(result.checkpoint.path).resolve()), "n_parameters": metrics.get("n_parameters"),
             "windows": data.counts()}
 
 
-def fit_stage(cfg, data: E2EData, ctx: JobContext, identity: dict, init: dict[str, str], stage=None,
-              out_dir: Path | None = None, label: str | None = None):
-    """Check, start the job, fit the stage on Ray Train; returns (Ray result, final metrics + n_parameters).
+def fit_stage(cfg, data: E2EData, ctx: JobContext, identity: dict, task: Task, out_dir: Path | None = None):
+    """Check, start the job, fit `task` on Ray Train; returns (Ray result, final metrics + n_parameters).
 
-    `stage` (e2e_loop.Stage) is the module/loss/validation of the stage, the deterministic ones by default;
-    `out_dir` the run's Ray storage parent (default the job's run directory)."""
-    from wxray.platform.train.stage_loop import Stage
-
-    stage = stage or Stage()
-    label = label or str(cfg.stage)
+    `out_dir` is the run's Ray storage parent (default the job's run directory); the console names the stage
+    by `task.label`."""
+    label = task.label
     if "train" not in data.windows.anchors or not len(data.windows.anchors["train"]):
         raise DataError(f"store {cfg.data.store}: no valid training windows (check data.*_range)")
     out_dir = Path(out_dir or cfg.out_dir)
-    last = checkpoints.latest(out_dir / "ray")
-    if last is not None:
-        checkpoints.read_meta(last, expect_model=identity)
-    model = stage.build(cfg, data, {})
+    last = trainer.check_resume(out_dir, identity)
+    model = task.build()
     example = E2EReader(data.spec, data.obs)({"anchor": data.windows.anchors["train"][:1]})
-    session.ensure_ray(cfg.ray_address, timeout_s=cfg.ray_timeout_s)
-    resources.check_cluster_fits(cfg.scaling, reserve_cpus=cfg.data.read_cpus)
+    trainer.start_cluster(cfg)
     ctx.provenance["store"] = store_fingerprint(data.spec.store)
     paths = {s.name: str(Path(data.obs.obs_dir) / s.path) for s in data.obs.streams}
     hashed = {p: stream_fingerprint(p) for p in set(paths.values())}  # point streams share one dataset
@@ -132,34 +124,8 @@ def fit_stage(cfg, data: E2EData, ctx: JobContext, identity: dict, init: dict[st
     say(f"stage {label}: {n_params / 1e6:.2f}M trained parameters, streams "
         f"{', '.join(s.name for s in data.obs.streams)}, windows {counts}, run directory {out_dir}")
     ctx.keep_on_failure = True
-    with ProgressPrinter() as progress:
-        trainer = _make_trainer(cfg, data, out_dir, identity, init, example, ctx, progress.queue, stage, label)
-        try:
-            result = trainer.fit()
-        except Exception as e:
-            raise _training_error(e) from None
-    if result.checkpoint is None:
-        raise CheckpointError(f"stage {label} in {out_dir} finished without a checkpoint")
-    return result, {**(result.metrics or {}), "n_parameters": n_params}
-
-
-def _make_trainer(cfg, data: E2EData, out_dir: Path, identity, init, example, ctx, progress, stage, label):
-    from ray.train import CheckpointConfig, FailureConfig, RunConfig
-    from ray.train.torch import TorchTrainer
-
-    from wxray.platform.train.stage_loop import train_fn_per_worker
-
     datasets = build_e2e_datasets(cfg.data, data)
-    loop_config = {"cfg": to_dict(cfg), "data": data, "n_train": len(data.windows.anchors["train"]),
-                   "has_val": "val" in datasets, "identity": identity, "init": init, "example": example,
-                   "tracking_uri": ctx.tracker.uri, "mlflow_run_id": ctx.tracker.run_id or "", "progress": progress,
-                   "stage": stage, "cfg_cls": type(cfg), "label": label, "provenance": ctx.provenance}
-    return TorchTrainer(
-        train_fn_per_worker, train_loop_config=loop_config, scaling_config=resources.ray_scaling_config(cfg.scaling),
-        torch_config=resources.torch_config(cfg.scaling),  # GPU runs that may land on AMD: the ROCm device fix
-        run_config=RunConfig(name="train", storage_path=str((out_dir / "ray").resolve()),
-                             failure_config=FailureConfig(max_failures=cfg.train.max_failures),
-                             checkpoint_config=CheckpointConfig(num_to_keep=cfg.train.keep_checkpoints)),
-        datasets={k: v for k, v in datasets.items() if k in ("train", "val")},
-        dataset_config=exactly_once_data_config(),
-    )
+    setup = trainer.loop_setup(cfg, task, identity, ctx, n_train=len(data.windows.anchors["train"]),
+                               has_val="val" in datasets, example=example, out_dir=out_dir)
+    result = trainer.fit(setup, datasets, out_dir)
+    return result, {**(result.metrics or {}), "n_parameters": n_params}

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from wxray.config import to_dict
@@ -26,7 +27,11 @@ from wxray.data.e2e_windows import E2EData
 from wxray.data.windows import WindowSpec, per_channel
 from wxray.models import ObsEncoder, StationDecoder, StreamInput, lat_weighted_mse
 from wxray.models.registry import build_forecaster
+from wxray.platform.cluster import devices
+from wxray.platform.train import checkpoints
+from wxray.platform.train.batches import lockstep_batches
 from wxray.platform.train.stage_config import TrainE2EConfig
+from wxray.platform.train.tasks import Task
 
 
 def stream_inputs(data: E2EData) -> list[StreamInput]:
@@ -200,3 +205,70 @@ class StationSet:
             feats = (self.altitude[None].expand(rows, -1).to(z.device) / ALTITUDE_SCALE_M)[..., None]
         out = decoder(z, self.coords[None].expand(rows, -1, -1).to(z.device), feats)
         return out.cpu() * self.std + self.mean
+
+
+class StageTask(Task):
+    """A deterministic end-to-end stage (encoder, decoder, chain) as a task of the one loop; the chain starts
+    from the encoder and processor stages' weights (`init`: part -> checkpoint, checked on the driver). The
+    stochastic finetunes (stochastic.py) subclass it."""
+
+    def __init__(self, cfg: TrainE2EConfig, data: E2EData, init: dict[str, str] | None = None, label: str = ""):
+        self.cfg, self.data, self.init = cfg, data, dict(init or {})
+        self.spec = data.spec
+        self.label = label or str(cfg.stage)
+
+    def build(self) -> nn.Module:
+        model = build_stage_model(self.cfg, self.data)
+        for part, path in self.init.items():
+            state, _ = checkpoints.load(path)
+            getattr(model, part).load_state_dict(state["model"])
+        return model
+
+    def loss(self, model, batch, lat_w, generator):
+        return stage_loss(self.cfg, model, batch, self.data, lat_w, generator=generator), None
+
+    @torch.no_grad()
+    def validate(self, model, batches, lat_w, device, world, dtype, dummy, final) -> dict[str, float]:
+        """Normalised loss and RMSE per channel in physical units: of the analysis (encoder), of the lead-1
+        forecast (chain), or at the station reports (decoder)."""
+        cfg, data = self.cfg, self.data
+        model.eval()
+        spec = data.spec
+        names = data.station_variables if cfg.stage == "decoder" else [c.name for c in spec.inputs]
+        sums = torch.zeros(len(names) * 2 + 2, dtype=torch.float64, device=device)  # SE, count; loss, n
+        gen = torch.Generator().manual_seed(cfg.train.seed + 7919)
+        for batch, w, _ in lockstep_batches(batches, dummy, device, world):
+            w = float(w > 0)
+            with devices.compute(device, dtype):
+                loss = stage_loss(cfg, model, batch, data, lat_w, generator=gen)
+                if cfg.stage == "decoder":
+                    pred, values, mask = decode_stations(model, batch, data)
+                    se = ((pred.float() - values) ** 2 * mask * station_std(data, device) ** 2).sum(dim=(0, 1))
+                    cnt = mask.sum(dim=(0, 1))
+                else:
+                    if cfg.stage == "encoder":
+                        z = model(obs_of(batch), batch["static"], generator=gen).float()
+                        truth = batch["x"][:, :len(spec.inputs)]
+                    else:
+                        z0, pred = model(batch, generator=gen)
+                        z = next_state(spec, z0.float(), pred.float())
+                        truth = next_state(spec, batch["x"][:, :len(spec.inputs)], batch["y"])
+                    err = spec.unpad((z - truth) * torch.as_tensor(spec.in_std, device=device)[None, :, None, None])
+                    se = (err ** 2 * lat_w[None, None, :, None]).mean(dim=(-2, -1)).sum(0)
+                    cnt = torch.full_like(se, float(z.shape[0]))
+            sums[: len(names)] += w * se.double()
+            sums[len(names): 2 * len(names)] += w * cnt.double()
+            sums[-2] += w * loss.double() * batch["x"].shape[0]
+            sums[-1] += w * batch["x"].shape[0]
+        if world > 1:
+            dist.all_reduce(sums)
+        out = {"val/loss": sums[-2].item() / max(1.0, sums[-1].item()), "val/windows": sums[-1].item()}
+        for i, name in enumerate(names):
+            out[f"val/rmse/{name}"] = float(np.sqrt(sums[i].item() / max(1.0, sums[len(names) + i].item())))
+        model.train()
+        return out
+
+
+def station_std(data: E2EData, device) -> torch.Tensor:
+    s = next(s for s in data.obs.streams if s.name == data.station_stream)
+    return torch.tensor([s.std[v] for v in data.station_variables], dtype=torch.float32, device=device)

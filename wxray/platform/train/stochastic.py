@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from wxray.config import Fraction, InPath, NonNegInt, PosInt, Probability, Range, to_dict
@@ -33,10 +34,11 @@ from wxray.models.blocks import uniform
 from wxray.models.registry import build_forecaster
 from wxray.platform.cluster.scaling import ScalingCfg
 from wxray.platform.train import checkpoints
+from wxray.platform.train.batches import lockstep_batches
 from wxray.platform.train.config import LoopConfig, OptimConfig
+from wxray.platform.train.e2e import fit_stage, trained_stage
 from wxray.platform.train.stage_config import TrainE2EConfig
-from wxray.platform.train.stage_loop import Stage
-from wxray.platform.train.stages import build_encoder, next_state, obs_of, processor_input
+from wxray.platform.train.stages import StageTask, build_encoder, next_state, obs_of, processor_input
 
 
 @dataclass
@@ -85,8 +87,6 @@ class StochasticRun(TrainE2EConfig):
 
 def deterministic_config(stages: Path) -> tuple[TrainE2EConfig, str]:
     """The chain's (else the encoder stage's) training config and which stage it is."""
-    from wxray.platform.train.e2e import trained_stage
-
     for name in ("chain", "encoder"):
         found = trained_stage(stages, name)
         if found is not None:
@@ -132,14 +132,18 @@ def random_keep(batch: int, n_streams: int, deny_prob: float, generator, device)
     return keep
 
 
-class EncoderStage(Stage):
-    def __init__(self, stages: str, det: str):
+class EncoderTask(StageTask):
+    """The noise-conditioned encoder finetuned on the fair CRPS over M members (module docstring)."""
+
+    def __init__(self, cfg: StochasticRun, data: E2EData, stages: str, det: str, label: str = "stochastic encoder"):
+        super().__init__(cfg, data, label=label)
         self.stages, self.det = Path(stages), det
 
-    def build(self, cfg, data, init):
-        return load_encoder(cfg, data, self.stages, self.det)
+    def build(self):
+        return load_encoder(self.cfg, self.data, self.stages, self.det)
 
-    def ensemble(self, cfg, model, batch, generator):
+    def ensemble(self, model, batch, generator):
+        cfg = self.cfg
         keep = None
         if model.training and cfg.stochastic.deny_prob > 0:
             streams = getattr(model, "module", model).encoder.streams  # DDP wraps the model
@@ -148,31 +152,29 @@ class EncoderStage(Stage):
         return split_members(model(obs_of(batch), batch["static"], members=cfg.stochastic.members,
                                    noise_generator=generator, keep=keep), cfg.stochastic.members)
 
-    def truth(self, cfg, batch, data):
-        return batch["x"][:, :len(data.spec.inputs)]
+    def truth(self, batch):
+        return batch["x"][:, :len(self.data.spec.inputs)]
 
-    def loss(self, cfg, model, batch, data, lat_w, generator=None):
-        ens = self.ensemble(cfg, model, batch, generator).float()
-        return fair_crps_loss(data.spec.unpad(ens), data.spec.unpad(self.truth(cfg, batch, data)), 1, lat_w,
-                              alpha=cfg.stochastic.alpha)
+    def loss(self, model, batch, lat_w, generator):
+        ens = self.ensemble(model, batch, generator).float()
+        spec = self.data.spec
+        return fair_crps_loss(spec.unpad(ens), spec.unpad(self.truth(batch)), 1, lat_w,
+                              alpha=self.cfg.stochastic.alpha), None
 
     @torch.no_grad()
-    def validate(self, cfg, model, batches, data, lat_w, device, world, dtype, dummy) -> dict:
+    def validate(self, model, batches, lat_w, device, world, dtype, dummy, final) -> dict:
         """Fair CRPS (the loss), ensemble-mean RMSE and spread per channel, normalised units."""
-        import torch.distributed as dist
-
-        from wxray.platform.train.loop import lockstep_batches
-
         model.eval()
-        n = len(data.spec.inputs)
+        spec = self.data.spec
+        n = len(spec.inputs)
         sums = torch.zeros(2 * n + 2, dtype=torch.float64, device=device)
-        gen = torch.Generator().manual_seed(cfg.train.seed + 7919)
+        gen = torch.Generator().manual_seed(self.cfg.train.seed + 7919)
         w_lat = lat_w[None, None, :, None]
         for batch, w, _ in lockstep_batches(batches, dummy, device, world):
             w = float(w > 0)
-            ens = data.spec.unpad(self.ensemble(cfg, model, batch, gen).float())
-            truth = data.spec.unpad(self.truth(cfg, batch, data))
-            sums[-2] += w * fair_crps_loss(ens, truth, 1, lat_w, alpha=cfg.stochastic.alpha).double() * len(truth)
+            ens = spec.unpad(self.ensemble(model, batch, gen).float())
+            truth = spec.unpad(self.truth(batch))
+            sums[-2] += w * fair_crps_loss(ens, truth, 1, lat_w, alpha=self.cfg.stochastic.alpha).double() * len(truth)
             sums[:n] += w * (((ens.mean(1) - truth) ** 2) * w_lat).mean(dim=(-2, -1)).sum(0).double()
             sums[n:2 * n] += w * (ens.var(1) * w_lat).mean(dim=(-2, -1)).sum(0).double()
             sums[-1] += w * len(truth)
@@ -180,7 +182,7 @@ class EncoderStage(Stage):
             dist.all_reduce(sums)
         count = max(1.0, sums[-1].item())
         out = {"val/loss": sums[-2].item() / count, "val/windows": count}
-        for i, ch in enumerate(data.spec.inputs):
+        for i, ch in enumerate(spec.inputs):
             out[f"val/ens_mean_rmse_norm/{ch.name}"] = (sums[i].item() / count) ** 0.5
             out[f"val/spread_norm/{ch.name}"] = (sums[n + i].item() / count) ** 0.5
         model.train()
@@ -200,27 +202,32 @@ class ProcessorModel(nn.Module):
         return self
 
 
-class ProcessorStage(EncoderStage):
-    """`step_spec` is the processor's own (lead-1) normalisation; the data of lead k read the truth at t+k."""
+class ProcessorTask(EncoderTask):
+    """The MC-dropout processor finetuned at lead k on the fair CRPS over N members. `step_spec` is the
+    processor's own (lead-1) normalisation; the data of lead k read the truth at t+k. `init`: lead k-1's
+    checkpoint ("" at lead 1: the deterministic processor)."""
 
-    def __init__(self, stages: str, det: str, step_spec, init: str = ""):
-        super().__init__(stages, det)
-        self.step_spec, self.init = step_spec, init
+    def __init__(self, cfg: StochasticRun, data: E2EData, stages: str, det: str, step_spec, init: str = "",
+                 label: str = ""):
+        super().__init__(cfg, data, stages, det, label=label or f"stochastic processor lead {cfg.lead}")
+        self.step_spec, self.init_from = step_spec, init
 
-    def build(self, cfg, data, init):
+    def build(self):
+        cfg, data = self.cfg, self.data
         step_data = replace(data, windows=replace(data.windows, spec=self.step_spec))
         enc_ckpt = checkpoints.latest(self.stages / "stochastic_encoder" / "ray")
         encoder = load_encoder(cfg, step_data, self.stages, self.det)
         checkpoints.load_model_weights(encoder, checkpoints.load(enc_ckpt)[0], str(enc_ckpt))
         proc = load_processor(cfg, step_data, self.stages, self.det)
-        if self.init:  # lead k starts from lead k-1
-            checkpoints.load_model_weights(proc, {"model": _part(checkpoints.load(self.init)[0], "processor.")},
-                                           self.init)
+        if self.init_from:  # lead k starts from lead k-1
+            checkpoints.load_model_weights(proc, {"model": _part(checkpoints.load(self.init_from)[0], "processor.")},
+                                           self.init_from)
         set_dropout(proc, cfg.stochastic.dropout)
         return ProcessorModel(encoder, proc, len(data.spec.inputs))
 
-    def ensemble(self, cfg, model, batch, generator):
+    def ensemble(self, model, batch, generator):
         """Lead-k states of N dropout members from one analysis draw per sample: (b, N, V, h, w)."""
+        cfg = self.cfg
         n, members = model.n_state, cfg.stochastic.members
         with torch.no_grad():
             z0 = model.encoder(obs_of(batch), batch["static"], noise_generator=generator)
@@ -230,8 +237,8 @@ class ProcessorStage(EncoderStage):
                 z = next_state(self.step_spec, z, model.processor(processor_input(z, x, n), generator=generator))
         return split_members(z, members)
 
-    def truth(self, cfg, batch, data):
-        return next_state(data.spec, batch["x"][:, :len(data.spec.inputs)], batch["y"])
+    def truth(self, batch):
+        return next_state(self.data.spec, batch["x"][:, :len(self.data.spec.inputs)], batch["y"])
 
 
 def _part(state: dict, prefix: str) -> dict:
@@ -248,8 +255,6 @@ def stochastic_identity(run: StochasticRun, data: E2EData, stage: str) -> dict[s
 
 
 def finetune_stochastic(cfg: FinetuneStochasticConfig, ctx: JobContext) -> dict[str, Any]:
-    from wxray.platform.train.e2e import fit_stage
-
     stages = Path(cfg.stages_dir)
     det_cfg, det = deterministic_config(stages)
     run = StochasticRun(**{k: v for k, v in vars(det_cfg).items()}, stochastic=cfg.stochastic)
@@ -257,12 +262,12 @@ def finetune_stochastic(cfg: FinetuneStochasticConfig, ctx: JobContext) -> dict[
                   ray_timeout_s=cfg.ray_timeout_s, out_dir=cfg.out_dir, tracking=cfg.tracking)
     data = prepare_e2e(run.data, run.encoder.patch_size)
     if cfg.stage == "encoder":
+        task = EncoderTask(run, data, str(stages), det)
         try:
-            EncoderStage(str(stages), det).build(run, data, {})
+            task.build()
         except ValueError as e:
             raise ConfigError(f"stochastic.noise={cfg.stochastic.noise}: {e}") from None
-        result, metrics = fit_stage(run, data, ctx, stochastic_identity(run, data, "encoder"), {},
-                                    stage=EncoderStage(str(stages), det), label="stochastic encoder")
+        result, metrics = fit_stage(run, data, ctx, stochastic_identity(run, data, "encoder"), task)
         return _summary(result, metrics, det, data)
     if checkpoints.latest(stages / "stochastic_encoder" / "ray") is None:
         raise CheckpointError(f"stage processor is trained on the stochastic encoder's analyses: none under "
@@ -275,10 +280,9 @@ def finetune_stochastic(cfg: FinetuneStochasticConfig, ctx: JobContext) -> dict[
         data_k = prepare_e2e(run_k.data, run.encoder.patch_size)
         say(f"processor lead {lead}/{cfg.stochastic.leads}: {cfg.stochastic.members} dropout members, p="
             f"{cfg.stochastic.dropout:g}")
+        task = ProcessorTask(run_k, data_k, str(stages), det, data.spec, prev)
         result, metrics = fit_stage(run_k, data_k, ctx, {**stochastic_identity(run, data, "processor"), "lead": lead},
-                                    {}, stage=ProcessorStage(str(stages), det, data.spec, prev),
-                                    out_dir=Path(cfg.out_dir) / f"lead_{lead}",
-                                    label=f"stochastic processor lead {lead}")
+                                    task, out_dir=Path(cfg.out_dir) / f"lead_{lead}")
         prev = str(Path(result.checkpoint.path).resolve())
         out[f"lead_{lead}"] = _summary(result, metrics, det, data_k)
     return {"leads": out, "checkpoint": prev, "from": det}
