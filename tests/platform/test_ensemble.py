@@ -17,7 +17,7 @@ from wxray.models import StochasticEncoder
 from wxray.models.registry import build_forecaster
 from wxray.platform.ensemble.actors import actor_capacity, fan_out
 from wxray.platform.ensemble.store import DONE, EnsembleStore, Layout
-from wxray.platform.inference.units import Plan, UnitModels, run_unit
+from wxray.platform.inference.nested import Plan, UnitModels, run_unit
 from wxray.platform.train.stage_config import TrainE2EConfig
 from wxray.platform.train.stages import build_encoder
 from wxray.verify.anova import nested_anova

@@ -20,10 +20,10 @@ from wxray.job import JobContext, run_job
 from wxray.models import EDMForecaster
 from wxray.models.registry import ModelConfig, build_forecaster, model_identity
 from wxray.platform.inference.forecast import ForecastConfig, forecast
-from wxray.platform.inference.rollout import rollout
 from wxray.platform.train import checkpoints
 from wxray.platform.train.config import TrainSparseConfig
 from wxray.platform.train.evaluation import evaluate_checkpoint
+from wxray.platform.train.rollout import rollout
 from wxray.provenance import store_fingerprint
 from wxray.verify.evaluate import EvaluateConfig, evaluate
 

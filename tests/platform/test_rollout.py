@@ -8,7 +8,7 @@ import torch
 
 from wxray.data.schema import open_stats, open_store
 from wxray.data.windows import WindowConfig, make_spec
-from wxray.platform.inference.rollout import rollout, to_forecast_dataset
+from wxray.platform.train.rollout import rollout, to_forecast_dataset
 from wxray.verify.lead_scores import score_per_lead
 
 
@@ -177,15 +177,21 @@ def test_routing_members_are_own_draws_and_recompute_alone(tiny_store):
     assert not np.array_equal(rollout(model, spec, anchors, steps=2, seed=8), plain)
 
 
-def test_member_seed_scheme():
-    from wxray.platform.inference.rollout import member_seed
+def test_the_one_seed_scheme():
+    """Every draw's seed comes from its coordinates: a forecaster's member m is (m,), a nested ensemble's draws
+    (source, i, j, k); the same function for both (train/seeds.py)."""
+    from wxray.platform.train.seeds import DROPOUT, ENCODER, ROUTING, coordinate_seed
 
     t = np.datetime64("2000-01-01T06:00:00.000000000")
     expected = np.random.SeedSequence([3, 946706400, 1]).generate_state(1, np.uint64)[0]
-    assert member_seed(3, t, 1) == int(expected)
-    seeds = {member_seed(3, t, m) for m in range(4)} | {member_seed(3, t + np.timedelta64(6, "h"), 0)}
+    assert coordinate_seed(3, t, 1) == int(expected)
+    seeds = {coordinate_seed(3, t, m) for m in range(4)} | {coordinate_seed(3, t + np.timedelta64(6, "h"), 0)}
     assert len(seeds) == 5
-    assert member_seed(0, np.datetime64("1950-01-01T00"), 0) >= 0  # before 1970: still a valid seed
+    assert coordinate_seed(0, np.datetime64("1950-01-01T00"), 0) >= 0  # before 1970: still a valid seed
+    nested = {coordinate_seed(3, t, ENCODER, 0), coordinate_seed(3, t, DROPOUT, 0, 0),
+              coordinate_seed(3, t, ROUTING, 0, 0, 0), coordinate_seed(3, t, ROUTING)}
+    assert len(nested) == 4 and coordinate_seed(3, t, ENCODER, 1) == int(
+        np.random.SeedSequence([3, 946706400, ENCODER, 1]).generate_state(1, np.uint64)[0])
 
 
 def test_forecast_store_has_members_units_and_consolidated_metadata(tiny_store, tmp_path):
@@ -193,7 +199,7 @@ def test_forecast_store_has_members_units_and_consolidated_metadata(tiny_store, 
 
     import xarray as xr
 
-    from wxray.platform.inference.rollout import write_forecast
+    from wxray.platform.train.rollout import write_forecast
 
     path, _ = tiny_store
     store = open_store(path)
@@ -214,7 +220,7 @@ def test_one_rule_says_how_far_a_forecast_is_fed_back(tiny_store):
     """`check_rollout` (the forecast job) and `possible_steps` (the evaluation after training) share it."""
     import pytest
 
-    from wxray.platform.inference.rollout import check_rollout, possible_steps
+    from wxray.platform.train.rollout import check_rollout, possible_steps
 
     path, _ = tiny_store
     store, stats = open_store(path), open_stats(path)

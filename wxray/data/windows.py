@@ -235,6 +235,34 @@ def split_anchors(ds: xr.Dataset, anchors: np.ndarray, cfg: WindowConfig) -> dic
 _OPEN: dict[str, xr.Dataset] = {}
 
 
+def rollout_anchors(ds: xr.Dataset, anchors: np.ndarray, spec: WindowSpec, steps: int) -> np.ndarray:
+    """Those of `anchors` (sorted, unique) with their history and truth at every one of `steps` leads in `ds`."""
+    ok = valid_anchors(ds, spec.history, steps * spec.lead_steps)
+    return np.intersect1d(anchors, ok)
+
+
+def choose_inits(ds: xr.Dataset, spec: WindowSpec, test: np.ndarray, inits: str, steps: int,
+                 store: str) -> np.ndarray:
+    """Store time indices (anchors: the last input step) of the inits a forecast starts from: with `inits`
+    "start/end" (inclusive) every time in that range with its history in the store (its truth need not be),
+    with "" the `test` split's anchors with truth `steps` steps ahead. DataError when there is none."""
+    times = ds[TIME].values
+    if not inits:
+        anchors = rollout_anchors(ds, np.sort(test), spec, steps)
+        if len(anchors) == 0:
+            raise DataError(f"store {store}: the test split has no init with truth {steps} step(s) ahead; "
+                            "give inits=start/end")
+        return anchors
+    lo, hi = parse_range(inits, "inits")
+    ok = valid_anchors(ds, spec.history, 0)  # the history is in the store; the truth need not be
+    anchors = ok[(times[ok] >= lo) & (times[ok] <= hi)]
+    if len(anchors) == 0:
+        first, last = (str(times[ok[i]])[:19] if len(ok) else "-" for i in (0, -1))
+        raise DataError(f"inits={inits}: no init in store {store} (inits with {spec.history} step(s) "
+                        f"of history run from {first} to {last})")
+    return anchors
+
+
 def open_lazy(store: str) -> xr.Dataset:
     """The store opened once per process; chunks=None (no dask): `.values` reads only the chunks it touches."""
     if store not in _OPEN:

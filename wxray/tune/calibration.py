@@ -26,8 +26,7 @@ SUMMARY_METRICS = ("ssr_distance", "mean_ssr")
 def check_trial(base_cfg) -> set[str]:
     """Load what every trial forecasts with (the chain; its stochastic parts when the trial draws members), so
     a missing stage is one line before any trial starts; the metrics a trial reports."""
-    from wxray.platform.inference.forecast_e2e import load_chain
-    from wxray.platform.inference.nested import load_stochastic
+    from wxray.platform.inference.chain import load_chain, load_stochastic
 
     tcfg, data, *_ = load_chain(base_cfg.stages, base_cfg.store, base_cfg.obs_dir, base_cfg.deny)
     if base_cfg.members_m * base_cfg.members_n > 1:

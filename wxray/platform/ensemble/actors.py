@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from wxray.errors import ConfigError, WxrayError
-from wxray.platform.inference.units import Plan, UnitModels, run_unit
+from wxray.platform.inference.nested import Plan, UnitModels, run_unit
 
 Unit = tuple[int, int, int]  # (run, init index, encoder draw)
 

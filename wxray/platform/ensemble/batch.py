@@ -31,15 +31,14 @@ import xarray as xr
 from wxray.config import InPath, NonNegFloat, NonNegInt, PosInt, Range, Seed
 from wxray.data.e2e_windows import E2EReader
 from wxray.data.schema import INIT, LEAD, TIME, open_store, time_step
-from wxray.data.windows import parse_range
+from wxray.data.windows import choose_inits, parse_range
 from wxray.errors import ConfigError
 from wxray.job import JobConfig, JobContext, say
 from wxray.platform.ensemble.actors import check_fits, fan_out
 from wxray.platform.ensemble.store import EnsembleStore, Layout
-from wxray.platform.inference.forecast_e2e import choose_inits, load_chain, station_table
-from wxray.platform.inference.nested import load_stochastic
-from wxray.platform.inference.rollout import routing_varies
-from wxray.platform.inference.units import Plan, UnitModels
+from wxray.platform.inference.chain import load_chain, load_stochastic, station_table
+from wxray.platform.inference.nested import Plan, UnitModels
+from wxray.platform.train.rollout import routing_varies
 from wxray.platform.train.stages import StationSet
 
 
@@ -104,7 +103,8 @@ def build_models(cfg: EnsembleConfig) -> tuple[UnitModels, Layout, np.ndarray, A
     if m.R > 1 and not routing_varies(processor):
         raise ConfigError(f"members.R={m.R}: the processor's token selection does not vary with its draws "
                           "(dense, fixed or score-based routing); R > 1 needs random routing")
-    anchors = choose_inits(data, cfg.inits, cfg.lead_steps)
+    anchors = choose_inits(open_store(data.spec.store), data.spec, data.windows.anchors["test"], cfg.inits,
+                           cfg.lead_steps, data.spec.store)
     stations = station_table(data) if decoder is not None else None
     models = UnitModels(data.spec, senc, processor, decoder,
                         StationSet.of(data, stations) if stations is not None else None)
@@ -178,8 +178,8 @@ def truth_like(ds: xr.Dataset, like: xr.Dataset) -> xr.Dataset:
 
 
 def ensemble(cfg: EnsembleConfig, ctx: JobContext) -> dict[str, Any]:
+    from wxray.data.windows import rollout_anchors
     from wxray.platform.ensemble.report import analyse, summary_line
-    from wxray.platform.inference.rollout import rollout_anchors
 
     models, layout, anchors, data, used = build_models(cfg)
     plan = layout.plan

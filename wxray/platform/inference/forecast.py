@@ -28,21 +28,28 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import xarray as xr
 
 from wxray.config import InPath, PosInt, Seed, from_dict, load_yaml
 from wxray.data.schema import TIME, Stats, open_stats, open_store
 from wxray.data.window_data import DataConfig
-from wxray.data.windows import WindowSpec, fit_spec, make_spec, parse_range, split_anchors, valid_anchors
-from wxray.errors import CheckpointError, ConfigError, DataError
+from wxray.data.windows import (
+    WindowSpec,
+    choose_inits,
+    fit_spec,
+    make_spec,
+    parse_range,
+    split_anchors,
+    valid_anchors,
+)
+from wxray.errors import CheckpointError, ConfigError
 from wxray.io import resolve_path
 from wxray.job import JobConfig, JobContext
 from wxray.models.registry import ModelConfig, SamplerConfig, channel_signature
-from wxray.platform.inference.checkpoint_forecast import forecast_and_score, load_forecaster
-from wxray.platform.inference.rollout import check_rollout, rollout_anchors, routing_varies
 from wxray.platform.train import checkpoints
+from wxray.platform.train.checkpoint_forecast import forecast_and_score, load_forecaster
+from wxray.platform.train.rollout import check_rollout, routing_varies
 from wxray.provenance import store_fingerprint
 
 
@@ -50,7 +57,7 @@ from wxray.provenance import store_fingerprint
 class ForecastConfig(JobConfig):
     checkpoint: InPath = ""  # a training run directory (its newest checkpoint) or a checkpoint directory
     store: InPath = ""  # "" = the store the checkpoint was trained on
-    inits: str = ""  # "start/end" init times, inclusive; "" = the training run's test split
+    inits: str = ""  # "start/end" init times, inclusive; "" = the training run's test split with truth at every lead
     steps: PosInt = 4  # autoregressive steps, each the checkpoint's lead (data.lead_steps native steps)
     # members per init: routing draws of a routed forecaster, samples of an edm one; > 1 writes a `member` dim
     members: PosInt = 1
@@ -156,26 +163,6 @@ def trained_spec(ckpt: Path, meta: dict[str, Any], store: str, ds: xr.Dataset, m
     return fit_spec(trained, model_cfg.patch_size, data_cfg.grid_fit)
 
 
-def choose_inits(ds, spec: WindowSpec, data_cfg: DataConfig, cfg: ForecastConfig, store: str) -> np.ndarray:
-    """Anchors (index of the last input step) of the inits to forecast from."""
-    times = ds[TIME].values
-    if not cfg.inits:
-        test = split_anchors(ds, valid_anchors(ds, spec.history, spec.lead_steps), data_cfg)["test"]
-        anchors = rollout_anchors(ds, test, spec, cfg.steps)
-        if len(anchors) == 0:
-            raise DataError(f"store {store}: the training run's test split has no init with truth "
-                            f"{cfg.steps} step(s) ahead; give inits=start/end")
-        return anchors
-    lo, hi = parse_range(cfg.inits, "inits")
-    ok = valid_anchors(ds, spec.history, 0)  # the history is in the store; the truth need not be
-    anchors = ok[(times[ok] >= lo) & (times[ok] <= hi)]
-    if len(anchors) == 0:
-        first, last = (str(times[ok[i]])[:19] if len(ok) else "-" for i in (0, -1))
-        raise DataError(f"inits={cfg.inits}: no init in store {store} (inits with {spec.history} step(s) "
-                        f"of history run from {first} to {last})")
-    return anchors
-
-
 def resolve_device(name: str) -> torch.device:
     """The torch device of config key `device`, one this machine has: auto is cuda when there is one, else
     cpu; cuda and cuda:<i> need that CUDA (or ROCm) device. Anything else is a ConfigError naming the key."""
@@ -215,7 +202,8 @@ def forecast(cfg: ForecastConfig, ctx: JobContext) -> dict[str, Any]:
         raise ConfigError(f"members={cfg.members}: the checkpoint's model.selection="
                           f"{model_cfg.selection} (deterministic_eval={model_cfg.deterministic_eval}) draws no "
                           "random routing, so every member would be the same")
-    anchors = choose_inits(ds, spec, data_cfg, cfg, store)
+    test = split_anchors(ds, valid_anchors(ds, spec.history, spec.lead_steps), data_cfg)["test"]
+    anchors = choose_inits(ds, spec, test, cfg.inits, cfg.steps, store)
     device = resolve_device(cfg.device)
     ctx.provenance["store"] = store_fingerprint(store, ds)
     ctx.provenance["checkpoint"] = {"path": str(ckpt), **checkpoints.meta_provenance(meta)}

@@ -19,8 +19,7 @@ truth at every lead, and station RMSE/bias/MAE per lead beside bilinear interpol
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -29,32 +28,23 @@ import pandas as pd
 import torch
 
 from wxray.config import InPath, PosInt, Range, Seed
-from wxray.data.e2e_windows import E2EData, E2EReader, prepare_e2e
+from wxray.data.e2e_windows import E2EData, E2EReader
 from wxray.data.schema import INIT, LEAD, TIME, open_climatology, open_store
-from wxray.data.windows import parse_range
-from wxray.errors import CheckpointError, ConfigError, DataError
+from wxray.data.windows import choose_inits, parse_range, rollout_anchors
 from wxray.io import atomic_path
 from wxray.job import JobConfig, JobContext, say
 from wxray.models import RowGenerators
-from wxray.models.registry import build_forecaster
-from wxray.platform.inference.checkpoint_forecast import load_forecaster
+from wxray.platform.inference.chain import load_chain, load_stochastic, station_table
 from wxray.platform.inference.forecast import resolve_device
-from wxray.platform.inference.nested import ROUTING_SOURCE, describe, draw_seed, load_stochastic, nested, run_ensemble
-from wxray.platform.inference.rollout import rollout_anchors, to_forecast_dataset, write_forecast
-from wxray.platform.train import checkpoints
-from wxray.platform.train.e2e import trained_stage
-from wxray.platform.train.stage_config import TrainE2EConfig
+from wxray.platform.inference.nested import Plan, UnitModels, nested_members, run_units
+from wxray.platform.train.rollout import to_forecast_dataset, write_forecast
+from wxray.platform.train.seeds import ROUTING, coordinate_seed
 from wxray.platform.train.stage_eval import physical
-from wxray.platform.train.stages import (
-    StationSet,
-    build_decoder,
-    build_encoder,
-    next_state,
-    obs_of,
-    processor_input,
-    stage_identity,
-)
+from wxray.platform.train.stages import StationSet, next_state, obs_of, processor_input
 from wxray.verify.lead_scores import log_report, rollout_report
+from wxray.verify.stations import station_report
+
+SEED_NOTE = "noise SeedSequence([seed, t, 1, i]); masks [seed, t, 2, i, j]; routing [seed, t, 3, i, j, 0]"
 
 
 @dataclass
@@ -68,7 +58,7 @@ class ForecastE2EConfig(JobConfig):
     members_m: PosInt = 1  # encoder noise draws M (needs jobs/finetune_stochastic.py stage=encoder)
     members_n: PosInt = 1  # dropout members N per draw (the finetuned stochastic processor, or dropout > 0)
     dropout: Annotated[float, Range(-1, 1, hi_open=True)] = -1.0  # inference dropout p; -1 = as finetuned
-    seed: Seed = 0  # init t's draws (members, random routing): SeedSequence([seed, t, source, ...]) (ensemble_e2e.py)
+    seed: Seed = 0  # every draw of init t from its coordinates: SeedSequence([seed, t, source, ...]) (seeds.py)
     batch_size: PosInt = 8  # inits per forward (each with its M x N members)
     device: str = "auto"  # auto (a GPU when there is one), cpu, cuda, cuda:1; must exist on this machine
 
@@ -84,87 +74,13 @@ class ForecastE2EConfig(JobConfig):
         resolve_device(self.device)
 
 
-def load_chain(stages: str | Path, store: str = "", obs_dir: str = "", deny: Sequence[str] = ()
-               ) -> tuple[TrainE2EConfig, E2EData, torch.nn.Module, torch.nn.Module, torch.nn.Module | None,
-                          dict[str, str]]:
-    """The training config, the data (store and streams overridable), encoder, processor and decoder."""
-    stages = Path(stages)
-    chain, enc, proc, dec = (trained_stage(stages, s) for s in ("chain", "encoder", "processor", "decoder"))
-    if chain is None and (enc is None or proc is None):
-        raise CheckpointError(f"stages {stages}: no chain stage and no encoder + processor stages to forecast with "
-                              "(run jobs/train_e2e.py stage=encoder, stage=processor, ...)")
-    ckpt, tcfg = chain or enc
-    data_cfg = replace(tcfg.data, store=store or tcfg.data.store, obs_dir=obs_dir or tcfg.data.obs_dir)
-    tcfg = replace(tcfg, data=data_cfg)
-    data = prepare_e2e(data_cfg, tcfg.encoder.patch_size)
-    trained = checkpoints.apply_normalisation(data.spec, checkpoints.read_meta(ckpt), ckpt)
-    if trained is not None:
-        data.windows.spec = trained
-    for name in deny:
-        if name not in [s.name for s in data.obs.streams]:
-            raise ConfigError(f"deny names '{name}', not a stream the encoder reads "
-                              f"({', '.join(s.name for s in data.obs.streams)})")
-    encoder, used = build_encoder(tcfg, data), {"encoder": str(ckpt)}
-    if chain is not None:
-        state, _ = checkpoints.load(ckpt, expect_model=stage_identity(tcfg, data, "chain"))
-        encoder.load_state_dict({k[len("encoder."):]: v for k, v in state["model"].items() if k.startswith("encoder.")})
-        processor = build_forecaster(tcfg.processor, data.spec)
-        processor.load_state_dict({k[len("processor."):]: v for k, v in state["model"].items()
-                                   if k.startswith("processor.")})
-        used = {"chain": str(ckpt)}
-    else:
-        state, _ = checkpoints.load(ckpt, expect_model=stage_identity(tcfg, data, "encoder"))
-        checkpoints.load_model_weights(encoder, state, str(ckpt))
-        processor = load_forecaster(proc[0], tcfg.processor, data.spec)
-        used["processor"] = str(proc[0])
-    decoder = None
-    if dec is not None:
-        dcfg = dec[1]
-        data = replace(data, station_stream=dcfg.data.station_stream,
-                       station_variables=list(dcfg.data.station_variables) or data.station_variables)
-        state, _ = checkpoints.load(dec[0], expect_model=stage_identity(dcfg, data, "decoder"))
-        decoder = build_decoder(dcfg, data)
-        checkpoints.load_model_weights(decoder, state, str(dec[0]))
-        used["decoder"] = str(dec[0])
-    return tcfg, data, encoder.eval(), processor.eval(), None if decoder is None else decoder.eval(), used
-
-
-def choose_inits(data: E2EData, inits: str, steps: int) -> np.ndarray:
-    """Store time indices of the inits: those in the range `inits` ("start/end"), or "" = the test split's
-    inits with truth `steps` steps ahead."""
-    ds = open_store(data.spec.store)
-    times = ds[TIME].values
-    if not inits:
-        anchors = rollout_anchors(ds, np.sort(data.windows.anchors["test"]), data.spec, steps)
-        if not len(anchors):
-            raise DataError(f"store {data.spec.store}: the test split has no init with truth {steps} step(s) "
-                            "ahead; give inits=start/end")
-        return anchors
-    lo, hi = parse_range(inits, "inits")
-    anchors = np.flatnonzero((times >= lo) & (times <= hi))
-    if not len(anchors):
-        raise DataError(f"inits={inits}: no time of store {data.spec.store} in that range")
-    return anchors
-
-
-def station_table(data: E2EData) -> pd.DataFrame:
-    """Every station of the station stream with its (last reported) position."""
-    import pyarrow.dataset as pads
-
-    s = next(s for s in data.obs.streams if s.name == data.station_stream)
-    columns = ["station", "latitude", "longitude"] + (["altitude"] if data.station_altitude else [])
-    t = pads.dataset(s.data_path(data.obs.obs_dir), format="parquet", partitioning="hive").to_table(
-        columns=columns).to_pandas()
-    return t.drop_duplicates("station", keep="last").sort_values("station").reset_index(drop=True)
-
-
 @torch.no_grad()
 def run_forecast(data: E2EData, encoder, processor, decoder, anchors: np.ndarray, steps: int, deny, batch_size: int,
                  device, init_times: np.ndarray, seed: int = 0) -> tuple[np.ndarray, np.ndarray | None]:
     """(n_init, steps + 1, V, kept grid) physical states, lead 0 the analysis; station values (n_init, steps + 1,
     n_station, V_station) in physical units, or None without a decoder. A processor that routes tokens at random
-    draws its selection of init t from SeedSequence([seed, t, 3]), lead step by lead step: the forecast of any
-    init is reproducible alone, whatever the global RNG's state."""
+    draws its selection of init t from the coordinates (ROUTING,) of t (`seeds.py`), lead step by lead step: the
+    forecast of any init is reproducible alone, whatever the global RNG's state."""
     spec, n = data.spec, len(data.spec.inputs)
     reader = E2EReader(data.spec, data.obs)
     out = np.zeros((len(anchors), steps + 1, n, *spec.kept_grid), np.float32)
@@ -179,7 +95,7 @@ def run_forecast(data: E2EData, encoder, processor, decoder, anchors: np.ndarray
     for i in range(0, len(anchors), batch_size):
         rows = slice(i, i + batch_size)
         b = {k: torch.from_numpy(np.asarray(v)).to(device) for k, v in reader.inputs(anchors[rows]).items()}
-        routes = RowGenerators.from_seeds([draw_seed(seed, t, ROUTING_SOURCE) for t in init_times[rows]])
+        routes = RowGenerators.from_seeds([coordinate_seed(seed, t, ROUTING) for t in init_times[rows]])
         z = encoder(obs_of(b), b["static"], deny=tuple(deny))
         for k in range(steps + 1):
             if k:
@@ -188,6 +104,31 @@ def run_forecast(data: E2EData, encoder, processor, decoder, anchors: np.ndarray
             if st is not None:
                 st[rows, k] = at.decode(decoder, z).numpy()
     return out, (None if st is None else (stations, st))
+
+
+def run_members(models: UnitModels, data: E2EData, anchors: np.ndarray, plan: Plan, batch_size: int,
+                device) -> tuple[np.ndarray, np.ndarray | None]:
+    """The nested ensemble by the one engine (`nested.run_units`), `batch_size` inits (each with its M units) per
+    forward: (n_init, M*N, steps + 1, V, kept grid) physical states, member index i*N + j, lead 0 the analyses,
+    and the station ensemble means (n_init, steps + 1, S, V_station) or None without a decoder."""
+    spec, m, n = data.spec, plan.members_m, plan.members_n
+    reader = E2EReader(data.spec, data.obs)
+    times = reader.times(anchors)
+    out = np.zeros((len(anchors), m * n, plan.lead_steps + 1, len(spec.inputs), *spec.kept_grid), np.float32)
+    st = None
+    if models.stations is not None and models.decoder is not None:
+        st = np.zeros((len(anchors), plan.lead_steps + 1, len(models.stations.coords), len(models.stations.mean)),
+                      np.float32)
+    for a0 in range(0, len(anchors), batch_size):
+        rows = list(range(a0, min(len(anchors), a0 + batch_size)))
+        coords = [(a, i) for a in rows for i in range(m)]
+        units = run_units(models, reader.inputs(anchors[rows]), [(times[a], i) for a, i in coords],
+                          [a - a0 for a, _ in coords], plan, device)
+        for (a, i), unit in zip(coords, units, strict=True):
+            out[a, i * n:(i + 1) * n] = np.moveaxis(unit["fields"][:, :, 0], 1, 0)  # (N, leads + 1, V, h, w)
+            if st is not None:
+                st[a] += unit["stations"][:, :, 0].sum(axis=1) / (m * n)
+    return out, st
 
 
 def write_stations(path: Path, stations: pd.DataFrame, values: np.ndarray, init_times: np.ndarray,
@@ -207,9 +148,9 @@ def write_stations(path: Path, stations: pd.DataFrame, values: np.ndarray, init_
 
 def forecast_e2e(cfg: ForecastE2EConfig, ctx: JobContext) -> dict[str, Any]:
     tcfg, data, encoder, processor, decoder, used = load_chain(cfg.stages, cfg.store, cfg.obs_dir, cfg.deny)
-    anchors = choose_inits(data, cfg.inits, cfg.steps)
     device = resolve_device(cfg.device)
     ds = open_store(data.spec.store)
+    anchors = choose_inits(ds, data.spec, data.windows.anchors["test"], cfg.inits, cfg.steps, data.spec.store)
     init_times = ds[TIME].values[anchors]
     tracker = ctx.tracker
     if decoder is None:
@@ -223,10 +164,13 @@ def forecast_e2e(cfg: ForecastE2EConfig, ctx: JobContext) -> dict[str, Any]:
         used = {**used, **found}
         say(f"nested ensemble: {m} encoder draw(s) x {n} dropout member(s) (p={p:g})")
         table = station_table(data) if decoder is not None else None
-        fields, st = run_ensemble(data, senc, sproc or processor, decoder, anchors, cfg.steps, cfg.deny, m, n, p,
-                                  cfg.seed, cfg.batch_size, device, stations=table)
+        models = UnitModels(data.spec, senc, sproc or processor, decoder,
+                            StationSet.of(data, table) if table is not None else None).to(device).prepare(p)
+        plan = Plan(m, n, 1, cfg.steps, cfg.seed, tuple(cfg.deny), p)
+        fields, st = run_members(models, data, anchors, plan, cfg.batch_size, device)
         stations = None if st is None else (table, st)
-        members, extra = list(range(m * n)), describe(m, n, p, cfg.seed)
+        members = list(range(m * n))
+        extra = {"members_m": m, "members_n": n, "dropout": p, "seed": cfg.seed, "seeds": SEED_NOTE}
     else:
         fields, stations = run_forecast(data, encoder, processor, decoder, anchors, cfg.steps, cfg.deny,
                                         cfg.batch_size, device, init_times, cfg.seed)
@@ -235,7 +179,7 @@ def forecast_e2e(cfg: ForecastE2EConfig, ctx: JobContext) -> dict[str, Any]:
     forecast = forecast.assign_coords({LEAD: forecast[LEAD].values - step})  # lead 0 is the analysis
     forecast.attrs.update(source="wxray end-to-end forecast", stages=str(cfg.stages), deny=",".join(cfg.deny),
                           **{f"checkpoint_{k}": v for k, v in used.items()})
-    written = nested(forecast, m, n) if members else forecast
+    written = nested_members(forecast, m, n) if members else forecast
     path = write_forecast(written, Path(ctx.out_dir) / "forecast.zarr")
     result: dict[str, Any] = {"forecast": str(path), "store": data.spec.store, "inits": int(len(anchors)),
                               "steps": cfg.steps,
@@ -256,6 +200,4 @@ def forecast_e2e(cfg: ForecastE2EConfig, ctx: JobContext) -> dict[str, Any]:
 
 
 def score_stations(path: Path, forecast, data: E2EData, tracker) -> dict[str, Any]:
-    from wxray.verify.stations import station_report
-
     return station_report(path, data.obs.obs_dir, data.station_stream, forecast=forecast, tracker=tracker)

@@ -165,3 +165,9 @@ def load_model_weights(model: torch.nn.Module, state: dict[str, Any], where: str
     except RuntimeError as e:
         first = str(e).splitlines()[1].strip() if len(str(e).splitlines()) > 1 else str(e)
         raise CheckpointError(f"checkpoint {where}: weights do not fit this model ({first})") from None
+
+
+def part(state: dict[str, Any], prefix: str) -> dict[str, Any]:
+    """The weights of one part of a composite model from its checkpoint state: the `model` entries under
+    `prefix` (e.g. "encoder." of a chain), with the prefix cut."""
+    return {k[len(prefix):]: v for k, v in state["model"].items() if k.startswith(prefix)}

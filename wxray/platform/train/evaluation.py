@@ -18,11 +18,12 @@ import numpy as np
 
 from wxray.data.schema import LAT, LON, TIME, open_store
 from wxray.data.window_data import WindowData
+from wxray.data.windows import rollout_anchors
 from wxray.io import atomic_path
 from wxray.job import JobContext, say
-from wxray.platform.inference.checkpoint_forecast import forecast_and_score, load_forecaster
-from wxray.platform.inference.rollout import possible_steps, rollout_anchors, routing_varies
+from wxray.platform.train.checkpoint_forecast import forecast_and_score, load_forecaster
 from wxray.platform.train.config import TrainSparseConfig
+from wxray.platform.train.rollout import possible_steps, routing_varies
 
 
 def save_map_png(path: Path, truth: np.ndarray, forecast: np.ndarray, lat: np.ndarray, lon: np.ndarray,

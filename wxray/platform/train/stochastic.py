@@ -99,9 +99,7 @@ def load_encoder(run: StochasticRun, data: E2EData, stages: Path, det: str) -> S
     """The deterministic encoder's weights inside a fresh StochasticEncoder (noise MLP and FiLM at zero)."""
     ckpt = checkpoints.latest(stages / det / "ray")
     state, _ = checkpoints.load(ckpt)
-    weights = state["model"]
-    if det == "chain":
-        weights = {k[len("encoder."):]: v for k, v in weights.items() if k.startswith("encoder.")}
+    weights = checkpoints.part(state, "encoder.") if det == "chain" else state["model"]
     encoder = build_encoder(run, data)
     encoder.load_state_dict(weights)
     return StochasticEncoder(encoder, noise=run.stochastic.noise, noise_dim=run.stochastic.noise_dim)
@@ -113,9 +111,7 @@ def load_processor(run: StochasticRun, data: E2EData, stages: Path, det: str) ->
     if ckpt is None:
         raise CheckpointError(f"stages {stages}: no processor stage to uplift (run jobs/train_e2e.py stage=processor)")
     state, _ = checkpoints.load(ckpt)
-    weights = state["model"]
-    if det == "chain":
-        weights = {k[len("processor."):]: v for k, v in weights.items() if k.startswith("processor.")}
+    weights = checkpoints.part(state, "processor.") if det == "chain" else state["model"]
     proc = build_forecaster(replace(run.processor, dropout=run.stochastic.dropout), data.spec)
     proc.load_state_dict(weights)
     return proc
@@ -220,8 +216,8 @@ class ProcessorTask(EncoderTask):
         checkpoints.load_model_weights(encoder, checkpoints.load(enc_ckpt)[0], str(enc_ckpt))
         proc = load_processor(cfg, step_data, self.stages, self.det)
         if self.init_from:  # lead k starts from lead k-1
-            checkpoints.load_model_weights(proc, {"model": _part(checkpoints.load(self.init_from)[0], "processor.")},
-                                           self.init_from)
+            weights = checkpoints.part(checkpoints.load(self.init_from)[0], "processor.")
+            checkpoints.load_model_weights(proc, {"model": weights}, self.init_from)
         set_dropout(proc, cfg.stochastic.dropout)
         return ProcessorModel(encoder, proc, len(data.spec.inputs))
 
@@ -239,10 +235,6 @@ class ProcessorTask(EncoderTask):
 
     def truth(self, batch):
         return next_state(self.data.spec, batch["x"][:, :len(self.data.spec.inputs)], batch["y"])
-
-
-def _part(state: dict, prefix: str) -> dict:
-    return {k[len(prefix):]: v for k, v in state["model"].items() if k.startswith(prefix)}
 
 
 def stochastic_identity(run: StochasticRun, data: E2EData, stage: str) -> dict[str, Any]:

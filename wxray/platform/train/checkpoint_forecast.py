@@ -22,11 +22,11 @@ import torch
 import xarray as xr
 
 from wxray.data.schema import INIT, TIME, open_climatology
-from wxray.data.windows import WindowSpec
+from wxray.data.windows import WindowSpec, rollout_anchors
 from wxray.errors import ConfigError
 from wxray.models.registry import ModelConfig, SamplerConfig, as_forecaster, build_forecaster, model_identity
-from wxray.platform.inference.rollout import rollout, rollout_anchors, to_forecast_dataset, write_forecast
 from wxray.platform.train import checkpoints
+from wxray.platform.train.rollout import rollout, to_forecast_dataset, write_forecast
 from wxray.verify.lead_scores import log_report, rollout_report
 
 

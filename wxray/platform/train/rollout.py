@@ -2,21 +2,17 @@
 `lead_time`, [`member`,] [`level`,] `latitude`, `longitude`) that `jobs/evaluate.py` scores.
 
 Routing draws as an ensemble: the token selection of sample (init i, member m) comes from its own
-generator, seeded by
-
-    seed(i, m) = SeedSequence([seed, init_seconds, m]).generate_state(1, uint64)[0]
-
-with init_seconds the init time in whole seconds since 1970-01-01 (two's complement mod 2**64, so
-earlier times work too). Each sample keeps its generator for all its steps, so member m of init i is
-the same draws whatever else is forecast in the same run or batch; with batch_size=1 (one sample per
-forward) a member recomputed alone is bit-identical. The deterministic forecast is member 0.
+generator, seeded by the coordinates (m,) of its init (`seeds.py`). Each sample keeps its generator for all
+its steps, so member m of init i is the same draws whatever else is forecast in the same run or batch; with
+batch_size=1 (one sample per forward) a member recomputed alone is bit-identical. The deterministic forecast
+is member 0.
 A generative forecaster (`generative = True`, models.EDMForecaster) draws its initial noise, churn and
 routing from the same per-sample generator (a RowGenerators), step after step: member m of init i is a
 sample of the EDM, fed back as the next step's history.
 
-Forecasts are on the kept grid of `spec.fit` (gridfit.py): padded rows/columns are cut from every
+Forecasts are on the kept grid of `spec.fit` (`data.gridfit`): padded rows/columns are cut from every
 step's output, and the next step's input is the kept state padded again, as the reader pads a store
-field. Scoring (rollout_scores.py) uses the same kept latitudes.
+field. Scoring (`verify.lead_scores`) uses the same kept latitudes.
 """
 
 from __future__ import annotations
@@ -32,25 +28,10 @@ import xarray as xr
 from tqdm.auto import tqdm
 
 from wxray.data.schema import INIT, LAT, LEAD, LEVEL, LON, MEMBER, TIME, time_step
-from wxray.data.windows import WindowReader, WindowSpec, open_lazy, per_channel, to_physical, valid_anchors
+from wxray.data.windows import WindowReader, WindowSpec, open_lazy, per_channel, to_physical
 from wxray.io import atomic_path
 from wxray.models import RandomSelector, RowGenerators, TokenSelector
-
-
-def rollout_anchors(ds: xr.Dataset, anchors: np.ndarray, spec: WindowSpec, steps: int) -> np.ndarray:
-    """Those of `anchors` (sorted, unique) with their history and truth at every one of `steps` leads in `ds`."""
-    ok = valid_anchors(ds, spec.history, steps * spec.lead_steps)
-    return np.intersect1d(anchors, ok)
-
-
-def member_seed(seed: int, init_time: np.datetime64, member: int) -> int:
-    """The routing seed of one (init, member) sample; see the module docstring."""
-    init_s = int(np.datetime64(init_time, "s").astype(np.int64)) % 2**64
-    return int(np.random.SeedSequence([int(seed), init_s, int(member)]).generate_state(1, np.uint64)[0])
-
-
-def member_generator(seed: int, init_time: np.datetime64, member: int) -> torch.Generator:
-    return torch.Generator().manual_seed(member_seed(seed, init_time, member))
+from wxray.platform.train.seeds import coordinate_generator
 
 
 class PerSampleSelector(TokenSelector):
@@ -152,7 +133,7 @@ def rollout(model: torch.nn.Module, spec: WindowSpec, anchors: np.ndarray, steps
         chunk = samples[start: start + batch_size]
         rows, cols = (np.array(a) for a in zip(*chunk, strict=True))
         x = torch.from_numpy(reader.inputs(anchors[rows])).to(device)
-        gens = [member_generator(seed, times[anchors[i]], ids[j]) for i, j in chunk]
+        gens = [coordinate_generator(seed, times[anchors[i]], ids[j]) for i, j in chunk]
         # A generative forecaster draws everything (noise, routing) from per-row generators.
         draws = {"generator": RowGenerators(gens)} if getattr(model, "generative", False) else {}
         with per_sample_routing(model, gens):
