@@ -13,6 +13,8 @@ from __future__ import annotations
 import importlib
 import sys
 
+from wxray.job import run_job
+
 JOBS: dict[str, tuple[str, str, str, str]] = {
     # command: (job name, config class, main, one-line doc)
     "train": ("train_sparse", "wxray.platform.train.config:TrainSparseConfig",
@@ -70,8 +72,6 @@ def main(argv: list[str] | None = None) -> int:
     if cmd not in JOBS:
         print(f"error: unknown job '{argv[0]}' (jobs: {', '.join(JOBS)})", file=sys.stderr)
         return 2
-    from wxray.job import run_job
-
     job, cfg_cls, fn, doc = JOBS[cmd]
 
     def job_main(cfg, ctx):  # imported only when the job runs (not for --help or a bad config)

@@ -45,7 +45,7 @@ from wxray.config import OutDir, dump_yaml, flatten, load_config, path_keys, res
 from wxray.config_help import describe
 from wxray.errors import WxrayError
 from wxray.io import check_writable, home, resolve_path, under_job_submission, write_json, write_text
-from wxray.tracking import Tracker, TrackingConfig, check_server, redact, redact_uri
+from wxray.tracking import Tracker, TrackingConfig, check_server, redact, redact_uri, resolve_uri
 
 C = TypeVar("C", bound="JobConfig")
 VERBOSE_ENV = "WXRAY_VERBOSE"
@@ -188,8 +188,6 @@ def prepare(job: str, cfg_cls: type[C], argv: list[str]) -> C:
             check_writable(getattr(owner, name), key)
     cfg.tracking.experiment = cfg.tracking.experiment or cfg.experiment
     if cfg.tracking.enabled:
-        from wxray.tracking import resolve_uri
-
         cfg.tracking.uri = resolve_uri(cfg.tracking.uri)
         warning = check_server(cfg.tracking)  # a server that does not answer: ConfigError, or the local store
         if warning:

@@ -26,6 +26,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from wxray.config import path_keys
+
 UNKNOWN = "unknown"
 GIT_ENV = "WXRAY_GIT_COMMIT"  # the commit of a copy without .git (e.g. `ray job submit --working-dir .`)
 GIT_TIMEOUT_S = 3.0
@@ -214,8 +216,6 @@ def input_fingerprints(cfg: Any, known: dict[str, dict[str, Any]] | None = None)
     a zarr store by `store_fingerprint`, anything else (a checkpoint, a Parquet dataset, a folder of runs)
     by `stream_fingerprint`; a glob or a path that is not there by its text. `known`: {path: fingerprint}
     the job took already (its store), not read again."""
-    from wxray.config import path_keys
-
     out, known = {}, known or {}
     for owner, name, key, marker in path_keys(cfg):
         value = getattr(owner, name)

@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
 from wxray.config import InPath, NonNegInt, OutDir, PosInt, Range, Seed
+from wxray.data.convert import prepare_data
+from wxray.data.sample import make_sample_store
 from wxray.errors import ConfigError
 from wxray.job import JobConfig, JobContext
 
@@ -67,8 +69,6 @@ class SampleDataConfig(JobConfig):
 
 
 def prepare_data_main(cfg: PrepareDataConfig, ctx: JobContext) -> dict[str, Any]:
-    from wxray.data.convert import prepare_data
-
     t0 = time.perf_counter()
     result = prepare_data(cfg)
     figures = {**result.figures(), "seconds": round(time.perf_counter() - t0, 2)}
@@ -78,8 +78,6 @@ def prepare_data_main(cfg: PrepareDataConfig, ctx: JobContext) -> dict[str, Any]
 
 
 def make_sample_main(cfg: SampleDataConfig, ctx: JobContext) -> dict[str, Any]:
-    from wxray.data.sample import make_sample_store
-
     result = make_sample_store(cfg.out, grid=parse_grid(cfg.grid), days=cfg.days, seed=cfg.seed,
                                trajectories=cfg.trajectories, spinup_days=cfg.spinup_days,
                                clim_window_days=cfg.clim_window_days, overwrite=cfg.overwrite)

@@ -19,6 +19,13 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+from ray import tune
+
+from wxray.job import JobContext
+from wxray.platform.inference.chain import load_chain, load_stochastic
+from wxray.platform.inference.forecast_e2e import ForecastE2EConfig, forecast_e2e
+from wxray.tune.trials import run_trial
+from wxray.verify.evaluate import EvaluateConfig, evaluate
 
 SUMMARY_METRICS = ("ssr_distance", "mean_ssr")
 
@@ -26,7 +33,6 @@ SUMMARY_METRICS = ("ssr_distance", "mean_ssr")
 def check_trial(base_cfg) -> set[str]:
     """Load what every trial forecasts with (the chain; its stochastic parts when the trial draws members), so
     a missing stage is one line before any trial starts; the metrics a trial reports."""
-    from wxray.platform.inference.chain import load_chain, load_stochastic
 
     tcfg, data, *_ = load_chain(base_cfg.stages, base_cfg.store, base_cfg.obs_dir, base_cfg.deny)
     if base_cfg.members_m * base_cfg.members_n > 1:
@@ -51,13 +57,6 @@ def scorecard_metrics(scorecard: Path) -> dict[str, float]:
 def forecast_trial_fn(config: dict[str, Any]) -> None:
     """One calibration trial: forecast_e2e with this trial's values (its own run directory and child MLflow
     run), then the evaluation, then one report to Tune."""
-    from ray import tune
-
-    from wxray.job import JobContext
-    from wxray.platform.inference.forecast_e2e import ForecastE2EConfig, forecast_e2e
-    from wxray.tune.sweep import run_trial
-    from wxray.verify.evaluate import EvaluateConfig, evaluate
-
     metrics: dict[str, float] = {}
 
     def work(cfg, ctx):

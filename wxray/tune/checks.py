@@ -4,13 +4,14 @@ trials report the metric the sweep optimises (`sweep.py` uses them)."""
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
+import ray
+
+from wxray.data.window_data import prepare_windows
 from wxray.errors import ConfigError
 from wxray.job import say
-
-if TYPE_CHECKING:
-    from wxray.tune.sweep import SweepConfig
+from wxray.tune import calibration
+from wxray.tune.config import SweepConfig
 
 TRIAL_CPUS = 0.05  # the trial actor only drives its Train run ({"CPU": 0} is refused by Tune)
 
@@ -35,8 +36,6 @@ def _per_trial_resources(cfg) -> dict[str, float]:
 def concurrency(cfg: SweepConfig, trial_cfgs: list, tracking_uri: str) -> int:
     """How many trials run at once: what the cluster holds of the largest trial, capped by the config and
     by a sqlite tracking store (one writer). ConfigError when not even one trial fits."""
-    import ray
-
     total = ray.cluster_resources()
     need: dict[str, float] = {}
     for tc in trial_cfgs:
@@ -59,8 +58,6 @@ def concurrency(cfg: SweepConfig, trial_cfgs: list, tracking_uri: str) -> int:
 def reported_metrics(trial_cfg) -> tuple[set[str], set[str]]:
     """(metrics every epoch report of a trial with this config carries, those only its last one carries):
     ASHA needs the first kind; an EDM's sampled validation RMSE is of the second."""
-    from wxray.data.window_data import prepare_windows
-
     data = prepare_windows(trial_cfg.data)
     every = {"train/epoch_loss", "train/epoch_samples_per_s_per_worker", "epoch"}
     final: set[str] = set()
@@ -79,8 +76,6 @@ def check_metric(cfg: SweepConfig, trial_cfgs: list) -> None:
     trial_cfgs: the base config, then one config per searched value."""
     trial_cfg = trial_cfgs[0]
     if cfg.job == "forecast_e2e":
-        from wxray.tune import calibration
-
         if cfg.scheduler != "fifo":
             raise ConfigError("config key 'scheduler': a forecast_e2e trial reports once; use scheduler=fifo")
         for variant in trial_cfgs[1:]:  # the base alone need not be a trial (e.g. no dropout until swept)

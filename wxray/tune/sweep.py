@@ -4,7 +4,7 @@
     python jobs/sweep.py --config configs/sweeps/keep_ratio.yaml out_dir=runs/sweep/kr   # again: restores
 
 Train+Tune pattern (Ray 2.60, Train V2): `trial_fn(config)` is the Tune trainable; it builds and fits the
-trial's `TorchTrainer` through `trainer.train_sparse` with a `TuneReportCallback`, so every epoch report of
+trial's `TorchTrainer` through `sparse.train_sparse` with a `TuneReportCallback`, so every epoch report of
 Train rank 0 is one Tune result (ASHA's time attribute is the reported `epoch`). A trial's run directory is
 `<out_dir>/trials/<trial id>` (Tune keeps trial ids across a restore, and Train resumes from the checkpoints
 under that directory). MLflow: the sweep is the parent run; each trial a child run (tag mlflow.parentRunId)
@@ -20,163 +20,33 @@ as a request it obeys after that epoch (tune/stopping.py), never as a killed act
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any
 
-from wxray.config import InPath, NonNegInt, PosInt, Range, load_yaml, to_dict
+from mlflow.tracking import MlflowClient
+from ray import tune
+from ray.tune import Callback
+from ray.tune.schedulers import FIFOScheduler
+
+from wxray.config import from_dict, resolve_paths, to_dict
 from wxray.errors import ConfigError
-from wxray.job import JobConfig, JobContext, say, verbose
+from wxray.io import resolve_path
+from wxray.job import JobContext, say, verbose
+from wxray.platform.cluster import session
+from wxray.tune import results
+from wxray.tune.calibration import forecast_trial_fn
 from wxray.tune.checks import check_metric, concurrency, trial_resources
-from wxray.tune.space import Axis, n_trials, nest, param_space, parse_space, trial_config
-from wxray.tune.stopping import cooperative_asha, decisions_dir
+from wxray.tune.config import SweepConfig
+from wxray.tune.space import Axis, n_trials, param_space, parse_space, trial_config
+from wxray.tune.stopping import cooperative_asha
+from wxray.tune.trials import ID_FILE, label, trial_fn
 
-ID_FILE = ".mlflow_run_id"
-LAST_REPORT = "last_report.json"
-
-
-@dataclass
-class SweepConfig(JobConfig):
-    # what a trial runs: train_sparse (a training run) or forecast_e2e (an ensemble of a trained chain,
-    # evaluated: inference-time keys such as the dropout rate, tune/calibration.py)
-    job: Literal["train_sparse", "forecast_e2e"] = "train_sparse"
-    base: InPath = ""  # that job's config YAML every trial starts from ("" = the job's defaults)
-    overrides: dict[str, Any] = field(default_factory=dict)  # dotted keys of that job set for every trial
-    space: dict[str, Any] = field(default_factory=dict)  # dotted key -> {grid|choice|uniform|loguniform: ...}
-    repeat: Annotated[int, Range()] = 1  # seeds per point (train.seed 0 .. repeat - 1)
-    num_samples: PosInt = 1  # draws of the choice/uniform/loguniform keys per grid point
-    # what ASHA and the best config go by: val/loss, val/rmse/<channel>, train/epoch_loss (train_sparse);
-    # ssr_distance, mean_ssr, crps/<channel>, rmse/<channel> (forecast_e2e)
-    metric: str = "val/loss"
-    mode: Literal["min", "max"] = "min"  # min: lower metric is better; max: higher
-    scheduler: Literal["asha", "fifo"] = "asha"  # asha: stop poor trials early; fifo: every trial to the end
-    grace_period: PosInt = 1  # ASHA: epochs every trial runs before it may be stopped
-    reduction_factor: Annotated[float, Range(1, lo_open=True)] = 2.0  # ASHA: keep the top 1/this at each rung
-    max_concurrent_trials: NonNegInt = 0  # 0 = as many as the cluster holds (1 with a sqlite tracking store)
-    ray_address: str = ""  # Ray cluster (host:port); "" = RAY_ADDRESS (ray job submit) or a new local one
-    ray_timeout_s: Annotated[float, Range(0, lo_open=True)] = 60.0  # give up on an unreachable ray_address after this
-
-    experiment = "wxray-sweep"
-
-    def job_config_class(self) -> type:
-        if self.job == "forecast_e2e":
-            from wxray.platform.inference.forecast_e2e import ForecastE2EConfig
-
-            return ForecastE2EConfig
-        from wxray.platform.train.config import TrainSparseConfig
-
-        return TrainSparseConfig
-
-    def base_dict(self) -> dict[str, Any]:
-        """The nested training config of every trial before its own values (base YAML + overrides)."""
-        from wxray.config import deep_merge
-
-        base = load_yaml(self.base) if self.base else {}
-        return deep_merge(base, nest(self.overrides))
-
-
-def label(params: dict[str, Any]) -> str:
-    return ", ".join(f"{k.split('.')[-1]}={v}" for k, v in params.items())
-
-
-def child_run(tracking: dict[str, Any], parent_id: str, trial_dir: Path, name: str) -> str | None:
-    """The MLflow run of a trial under the sweep's parent run: created once, its id kept in the trial directory."""
-    id_file = trial_dir / ID_FILE
-    if id_file.exists():
-        return id_file.read_text().strip()
-    if not tracking.get("enabled", True) or not parent_id:
-        return None
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(tracking_uri=tracking["uri"])
-    parent = client.get_run(parent_id)
-    run = client.create_run(parent.info.experiment_id, run_name=name,
-                            tags={"mlflow.parentRunId": parent_id, "wxray.job": "train_sparse"})
-    trial_dir.mkdir(parents=True, exist_ok=True)
-    id_file.write_text(run.info.run_id)
-    return run.info.run_id
-
-
-def trial_dir_of(config: dict[str, Any]) -> tuple[str, Path]:
-    """(trial id, run directory <sweep dir>/trials/<trial id>) of the running Tune trial."""
-    from ray import tune
-
-    trial_id = tune.get_context().get_trial_id()
-    return trial_id, Path(config["sweep_dir"]) / "trials" / trial_id
-
-
-def run_trial(config: dict[str, Any], cls: type, job: str, work) -> dict[str, Any]:
-    """A trial as a run of `job`: its config (`cls`) is the base with this trial's values, its run directory
-    `trial_dir_of`, its MLflow run a child of the sweep's. `work(cfg, ctx)` does the job's work and returns
-    its result, written as the trial's summary.json; a failure ends the child run FAILED."""
-    from wxray.io import write_json
-
-    trial_id, trial_dir = trial_dir_of(config)
-    cfg = trial_config(config["base"], config["params"], cls)
-    cfg.out_dir, cfg.run_name = str(trial_dir), f"{trial_id}: {label(config['params'])}"
-    for k, v in config["tracking"].items():
-        setattr(cfg.tracking, k, v)
-    child_run(config["tracking"], config["parent_run_id"], trial_dir, cfg.run_name)
-    ctx = JobContext(job, cfg, trial_dir)
-    try:
-        result = work(cfg, ctx)
-    except BaseException:
-        if ctx.started:
-            ctx.tracker.end("FAILED")
-        raise
-    write_json(trial_dir / "summary.json", {**result, "out_dir": str(trial_dir), "trial_id": trial_id})
-    ctx.tracker.log_artifact(trial_dir / "summary.json")
-    ctx.tracker.end("FINISHED")
-    return result
-
-
-def trial_fn(config: dict[str, Any]) -> None:
-    """One trial: the training job with this trial's values (run_trial)."""
-    from ray import tune
-    from ray.tune.integration.ray_train import TuneReportCallback
-
-    from wxray.platform.train.config import TrainSparseConfig
-    from wxray.platform.train.sparse import train_sparse
-
-    trial_id, trial_dir = trial_dir_of(config)
-    last = trial_dir / LAST_REPORT
-    if (trial_dir / "summary.json").exists() and last.exists():
-        # Finished before the sweep was interrupted, after Tune's last snapshot: report the result again
-        # rather than train or evaluate again.
-        tune.report(json.loads(last.read_text()))
-        return
-    decisions = decisions_dir(config["sweep_dir"], trial_id)
-    shutil.rmtree(decisions, ignore_errors=True)  # a restored trial replays its epochs: decide them afresh
-
-    def work(cfg, ctx):
-        cfg.train.checkpoint_every = 1  # a trial told to stop ends on the checkpoint of that epoch
-        return train_sparse(cfg, ctx, callbacks=[TuneReportCallback(), _last_report(last)],
-                            decisions=str(decisions) if config["cooperative"] else "")
-
-    run_trial(config, TrainSparseConfig, "train_sparse", work)
-
-
-def _last_report(path: Path):
-    """A Ray Train callback keeping the newest report's metrics in `path` (what a re-run trial reports again)."""
-    from ray.train import UserCallback
-
-    from wxray.io import write_json
-
-    class LastReport(UserCallback):
-        def after_report(self, run_context, metrics, checkpoint):
-            write_json(path, {k: v for k, v in metrics[0].items() if isinstance(v, (int, float, str))})
-
-    return LastReport()
+__all__ = ["SweepConfig", "sweep"]
 
 
 def progress_callback(total: int, max_epochs: int, metric: str):
-    """A Tune callback printing one line per finished or stopped trial (Tune's own tables stay off);
-    built here so that importing this module does not import Ray."""
-    from ray.tune import Callback
-
+    """A Tune callback printing one line per finished or stopped trial (Tune's own tables stay off)."""
     class Printer(Callback):
         def __init__(self):
             self.done = 0
@@ -201,15 +71,9 @@ def progress_callback(total: int, max_epochs: int, metric: str):
 def run_sweep(cfg: SweepConfig, ctx: JobContext, axes: list[Axis], trial_cfgs: list, n_concurrent: int,
               base: dict[str, Any]):
     """Tuner.fit (or Tuner.restore(...).fit() when the sweep directory holds an unfinished sweep)."""
-    from ray import tune
-    from ray.tune.schedulers import FIFOScheduler
-
     sweep_dir = Path(ctx.out_dir).resolve()
     tune_dir = sweep_dir / "tune"
-    if cfg.job == "forecast_e2e":
-        from wxray.tune.calibration import forecast_trial_fn as fn
-    else:
-        fn = trial_fn
+    fn = forecast_trial_fn if cfg.job == "forecast_e2e" else trial_fn
     trainable = tune.with_resources(fn, trial_resources(trial_cfgs[0]))
     epochs = max_epochs(trial_cfgs)
     scheduler = (cooperative_asha(time_attr="epoch", max_t=epochs, grace_period=min(cfg.grace_period, epochs),
@@ -255,8 +119,6 @@ def _mark_stopped(table, tracking: dict[str, Any]) -> None:
     RUNNING (its actor died) ends FAILED."""
     if not tracking.get("enabled", True) or not len(table):
         return
-    from mlflow.tracking import MlflowClient
-
     client = MlflowClient(tracking_uri=tracking["uri"])
     for _, row in table[table["stopped_early"] | table["failed"]].iterrows():
         id_file = Path(row["trial_dir"]) / ID_FILE
@@ -270,11 +132,6 @@ def _mark_stopped(table, tracking: dict[str, Any]) -> None:
 
 
 def sweep(cfg: SweepConfig, ctx: JobContext) -> dict[str, Any]:
-    from wxray.config import from_dict, resolve_paths
-    from wxray.io import resolve_path
-    from wxray.platform.cluster import session
-    from wxray.tune import results
-
     cls = cfg.job_config_class()
     try:
         base_cfg = from_dict(cls, cfg.base_dict())

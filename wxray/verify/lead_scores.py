@@ -26,6 +26,8 @@ import pandas as pd
 import xarray as xr
 
 from wxray.data.schema import INIT, LEAD, LEVEL, MEMBER
+from wxray.verify.deterministic import acc, climatology_at, rmse
+from wxray.verify.forecasts import crop_to, persistence_forecast, truth_at
 
 SCORES = ("rmse", "acc", "persistence_rmse", "persistence_acc")
 
@@ -33,8 +35,6 @@ SCORES = ("rmse", "acc", "persistence_rmse", "persistence_acc")
 def on_grid(ds: xr.Dataset, forecast: xr.Dataset, what: str) -> xr.Dataset:
     """`ds` (store grid) at the points of `forecast`, a block of it (the kept rows and columns of a cropped
     grid, for instance), with the forecast's coordinates: `wxray.verify.forecasts.crop_to`."""
-    from wxray.verify.forecasts import crop_to
-
     return crop_to(ds, forecast, what)
 
 
@@ -56,9 +56,6 @@ def _by_channel(scores: xr.DataArray, var: str) -> dict[str, list[float]]:
 def score_per_lead(forecast: xr.Dataset, truth: xr.Dataset,
                    climatology: xr.Dataset | None = None) -> dict[str, dict[str, list[float]]]:
     """{"rmse": {channel: [per lead]}, "acc": {...}}; "acc" only where `climatology` has the variable."""
-    from wxray.verify.deterministic import acc, climatology_at, rmse
-    from wxray.verify.forecasts import truth_at
-
     inits = forecast[INIT].values
     truth = on_grid(truth, forecast, "store")
     if climatology is not None:
@@ -84,8 +81,6 @@ def score_per_lead(forecast: xr.Dataset, truth: xr.Dataset,
 
 def persistence_like(forecast: xr.Dataset, truth: xr.Dataset) -> xr.Dataset:
     """Persistence at the forecast's inits, leads, points and levels."""
-    from wxray.verify.forecasts import persistence_forecast
-
     names = list(map(str, forecast.data_vars))
     pers = persistence_forecast(on_grid(truth, forecast, "store"), forecast[INIT].values, forecast[LEAD].values,
                                 names)

@@ -8,6 +8,9 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
 from wxray.config import InPath, NonNegFloat, NonNegInt, OutDir, PosFloat, PosInt, Range, Seed
+from wxray.data.obs.prepare import prepare_obs
+from wxray.data.obs.registry import check_name
+from wxray.data.obs.sample import make_sample_obs
 from wxray.errors import ConfigError
 from wxray.job import JobConfig, JobContext
 
@@ -70,14 +73,10 @@ class PrepareObsConfig(JobConfig):
             raise ConfigError("config key 'out' is required (the obs dir to write into)")
         if not self.stream:
             raise ConfigError("config key 'stream' is required (the name of the new stream)")
-        from wxray.data.obs.registry import check_name
-
         check_name(self.stream, "config key 'stream'")
 
 
 def make_sample_obs_main(cfg: SampleObsConfig, ctx: JobContext) -> dict[str, Any]:
-    from wxray.data.obs.sample import make_sample_obs
-
     result = make_sample_obs(cfg.store, cfg.out, seed=cfg.seed, stations=cfg.stations, ships=cfg.ships,
                              profiles=cfg.profiles, swath=parse_swath_grid(cfg.swath_grid),
                              missing=cfg.station_missing, suspect=cfg.station_suspect, overwrite=cfg.overwrite)
@@ -88,8 +87,6 @@ def make_sample_obs_main(cfg: SampleObsConfig, ctx: JobContext) -> dict[str, Any
 
 
 def prepare_obs_main(cfg: PrepareObsConfig, ctx: JobContext) -> dict[str, Any]:
-    from wxray.data.obs.prepare import prepare_obs
-
     t0 = time.perf_counter()
     result = prepare_obs(cfg.source, cfg.out, cfg.stream, variables=cfg.variables, step_hours=cfg.step_hours,
                          noise=cfg.noise, description=cfg.description, overwrite=cfg.overwrite)

@@ -35,6 +35,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
+from wxray.data.obs.gridded import read_grid
 from wxray.errors import ConfigError, DataError
 from wxray.io import write_text
 
@@ -229,8 +230,6 @@ def _stream(f: Path, name: str, entry: Any) -> StreamInfo:
     if not data.exists():
         raise DataError(f"{f}: stream '{name}' has no data at {data}")
     if kind == GRIDDED:
-        from wxray.data.obs.gridded import read_grid
-
         info.latitude, info.longitude = read_grid(data, variables, f"{f}: stream '{name}'")
     return info
 

@@ -61,6 +61,7 @@ from wxray.data.obs.points import (
 )
 from wxray.data.obs.registry import GRIDDED, POINT, POINTS_PATH, Registry, StreamInfo, write_registry
 from wxray.data.obs.synth import between, bilinear, orography, place_stations, ship_tracks, swath_mask
+from wxray.data.sample import ensure_sample_store
 from wxray.data.schema import GLOBAL, TRAJECTORY, grid_kind, open_stats, open_store, time_step
 from wxray.data.schema import LEVEL as STORE_LEVEL
 from wxray.errors import DataError
@@ -327,8 +328,6 @@ def make_sample_obs(store: str | Path = DEFAULT_STORE, out: str | Path = "data/s
     t0 = time.perf_counter()
     store, out = resolve_path(store), resolve_path(out)
     if not store.exists() and store == resolve_path(DEFAULT_STORE):
-        from wxray.data.sample import ensure_sample_store
-
         ensure_sample_store(store)
     if out.exists() and not overwrite and (not out.is_dir() or any(out.iterdir())):
         raise DataError(f"out {out} already exists (set overwrite=true to replace it)")

@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from wxray.errors import ConfigError, WxrayError
+from wxray.platform.cluster.placement import actor_options, cluster_nodes, device_for_actor
 from wxray.platform.inference.nested import Plan, UnitModels, run_unit
 
 Unit = tuple[int, int, int]  # (run, init index, encoder draw)
@@ -52,8 +53,6 @@ def actor_capacity(nodes: Iterable[dict[str, float]], num_cpus: float, num_gpus:
 def check_fits(actors: int, num_cpus: float, num_gpus: float, vendor: str = "any") -> None:
     """ConfigError unless the live cluster (with vendor != any: that vendor's nodes) can hold `actors` actors of
     that size at once."""
-    from wxray.platform.cluster.placement import cluster_nodes
-
     nodes = cluster_nodes()
     if vendor != "any":
         nodes = [n for n in nodes if n.vendor == vendor]
@@ -70,8 +69,6 @@ def check_fits(actors: int, num_cpus: float, num_gpus: float, vendor: str = "any
 def _device(name: str) -> str:
     if name != "auto":
         return name
-    from wxray.platform.cluster.placement import device_for_actor
-
     return str(device_for_actor())
 
 
@@ -128,8 +125,6 @@ def fan_out(models: UnitModels, plans: Sequence[Plan], units: list[Unit], init_t
     check_fits(actors, num_cpus, num_gpus, vendor)
     ref = ray.put(models)
     threads = max(1, int(num_cpus)) if num_gpus == 0 else 0
-    from wxray.platform.cluster.placement import actor_options
-
     placement = actor_options(num_gpus, vendor, key="workers.num_gpus")  # any: NVIDIA and AMD nodes at once
     cls = worker_class().options(num_cpus=num_cpus, max_restarts=max_restarts, max_task_retries=max_restarts,
                                  **placement)

@@ -31,15 +31,19 @@ import xarray as xr
 from wxray.config import InPath, NonNegFloat, NonNegInt, PosInt, Range, Seed
 from wxray.data.e2e_windows import E2EReader
 from wxray.data.schema import INIT, LEAD, TIME, open_store, time_step
-from wxray.data.windows import choose_inits, parse_range
+from wxray.data.windows import choose_inits, parse_range, rollout_anchors
 from wxray.errors import ConfigError
 from wxray.job import JobConfig, JobContext, say
+from wxray.platform.cluster.session import ensure_ray
 from wxray.platform.ensemble.actors import check_fits, fan_out
+from wxray.platform.ensemble.report import analyse, summary_line
 from wxray.platform.ensemble.store import EnsembleStore, Layout
 from wxray.platform.inference.chain import load_chain, load_stochastic, station_table
 from wxray.platform.inference.nested import Plan, UnitModels
 from wxray.platform.train.rollout import routing_varies
 from wxray.platform.train.stages import StationSet
+from wxray.verify.forecasts import truth_at
+from wxray.verify.lead_scores import at_levels, on_grid
 
 
 @dataclass
@@ -128,8 +132,6 @@ def run_members(cfg: EnsembleConfig, ctx: JobContext, models: UnitModels, layout
     its `sub_dirs` entry) out together, skipping those an interrupted run wrote, and finish their stores."""
     from tqdm import tqdm
 
-    from wxray.platform.cluster.session import ensure_ray
-
     w = cfg.workers
     ensure_ray(cfg.ray_address)
     members_m = layouts[0].plan.members_m
@@ -164,9 +166,6 @@ def run_members(cfg: EnsembleConfig, ctx: JobContext, models: UnitModels, layout
 
 def truth_like(ds: xr.Dataset, like: xr.Dataset) -> xr.Dataset:
     """The store's state at the valid times init + lead of `like` (dims init_time, lead_time, ...)."""
-    from wxray.verify.forecasts import truth_at
-    from wxray.verify.lead_scores import at_levels, on_grid
-
     truth = on_grid(ds, like, "store")
     inits = like[INIT].values
     out = {}
@@ -178,9 +177,6 @@ def truth_like(ds: xr.Dataset, like: xr.Dataset) -> xr.Dataset:
 
 
 def ensemble(cfg: EnsembleConfig, ctx: JobContext) -> dict[str, Any]:
-    from wxray.data.windows import rollout_anchors
-    from wxray.platform.ensemble.report import analyse, summary_line
-
     models, layout, anchors, data, used = build_models(cfg)
     plan = layout.plan
     say(f"nested ensemble: {plan.members_m} encoder draw(s) x {plan.members_n} dropout member(s) "

@@ -19,11 +19,13 @@ import numpy as np
 import torch
 
 from wxray.data.e2e_windows import E2EData, E2EReader
-from wxray.data.windows import WindowSpec
+from wxray.data.schema import time_step
+from wxray.data.windows import WindowSpec, open_lazy
 from wxray.models import latitude_weights
 from wxray.platform.train import checkpoints
 from wxray.platform.train.stage_config import TrainE2EConfig
 from wxray.platform.train.stages import build_stage_model, decode_stations, next_state, obs_of, stage_identity
+from wxray.verify.stations import bilinear_at_points
 
 EVAL_BATCH = 16
 
@@ -150,17 +152,12 @@ def evaluate_chain(model, data: E2EData, anchors: np.ndarray) -> dict[str, Any]:
 
 
 def _step_hours(spec: WindowSpec) -> float:
-    from wxray.data.schema import time_step
-    from wxray.data.windows import open_lazy
-
     return float(time_step(open_lazy(spec.store)) / np.timedelta64(1, "h"))
 
 
 @torch.no_grad()
 def evaluate_decoder(model, data: E2EData, anchors: np.ndarray) -> dict[str, Any]:
     """Decoder vs bilinear interpolation of the same (true) state, at every good station report."""
-    from wxray.verify.stations import bilinear_at_points
-
     spec, n = data.spec, len(data.spec.inputs)
     stream = next(s for s in data.obs.streams if s.name == data.station_stream)
     names = data.station_variables
