@@ -173,6 +173,7 @@ import ray
 from ray.cluster_utils import Cluster
 from wxray.errors import ConfigError
 from wxray.platform.cluster import placement as pl
+from wxray.platform.cluster import resources, scaling
 
 # Two tiny nodes standing for the vendors, with fake GPUs (num_gpus): the head is the NVIDIA node with
 # cluster.yaml's label and vendor resource; the AMD node is named only by its resource (the other route).

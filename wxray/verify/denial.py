@@ -1,5 +1,5 @@
 """The statistic of an observing-system experiment and its interval: how much a variance component changes
-when one observation stream is withheld.
+when one observation stream is withheld (`jobs/ose.py`), its table and its figures.
 
 Per lead, from the per-init domain means U_c(t) of one component (U_enc, U_drop or U_route) in channel c,
 for the baseline run b and the denial run d (which share every random draw with b):
@@ -25,10 +25,17 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Mapping
+from pathlib import Path
 
 import numpy as np
+import pandas as pd
+import xarray as xr
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
 
+from wxray.data.schema import INIT, LEAD
 from wxray.errors import DataError
+from wxray.verify.anova import SPLIT_COMPONENTS
 from wxray.verify.inference import (
     MIN_FIXED_B_LENGTH,
     MIN_SERIES_LENGTH,
@@ -38,6 +45,8 @@ from wxray.verify.inference import (
     correlation_length,
     hac_interval,
 )
+from wxray.verify.spatial import spatial_mean
+from wxray.verify.variance_plots import channels
 
 METHODS = ("fixed-b", "paper")
 MIN_INITS = {"fixed-b": MIN_FIXED_B_LENGTH, "paper": MIN_SERIES_LENGTH}
@@ -78,3 +87,76 @@ def relative_change(base: Mapping[str, np.ndarray], denied: Mapping[str, np.ndar
         warnings.simplefilter("ignore", RuntimeWarning)
         return block_bootstrap([b, d], change_statistic, block_length=length, n_resamples=n_resamples,
                                confidence=confidence, seed=seed)
+
+
+def _figure(ncols: int, figsize: tuple[float, float]):
+    fig = Figure(figsize=figsize, layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig, np.atleast_1d(fig.subplots(1, ncols, squeeze=False)[0])
+
+
+def components(members_r: int) -> tuple[str, ...]:
+    """The variance components an OSE compares: U_route only where routing is a level (R > 1)."""
+    return SPLIT_COMPONENTS if members_r > 1 else SPLIT_COMPONENTS[:2]
+
+
+def domain_series(parts: dict[str, xr.Dataset], members_r: int) -> dict[str, dict[str, np.ndarray]]:
+    """{component: {channel: (lead, init) domain means}} of one run's split (`verify.variance`, per variable)."""
+    out: dict[str, dict[str, np.ndarray]] = {c: {} for c in (*components(members_r), "u_total")}
+    for var, part in parts.items():
+        for c in out:
+            mean = spatial_mean(part[c])
+            for name, sel in channels(mean, var):
+                out[c][name] = mean.sel(sel).transpose(LEAD, INIT).values.astype(np.float64)
+    return out
+
+
+def change_table(series: dict[str, dict], streams: list[str], hours: list[float], members_r: int, *,
+                 method: str = "fixed-b", confidence: float = 0.95, n_resamples: int = 2000,
+                 seed: int = 0) -> pd.DataFrame:
+    """One row per stream, component and lead: the change when the stream is denied and its interval
+    (`relative_change`), from the runs' `domain_series` ({"baseline": ..., stream: ...})."""
+    rows = []
+    for s in streams:
+        for c in components(members_r):
+            iv = relative_change(series["baseline"][c], series[s][c], method=method, confidence=confidence,
+                                 n_resamples=n_resamples, seed=seed)
+            rows += [{"stream": s, "component": c, "lead_hours": h, "change": e, "lower": a, "upper": b}
+                     for h, e, a, b in zip(hours, iv.estimate, iv.lower, iv.upper, strict=True)]
+    return pd.DataFrame(rows)
+
+
+def plot_ose(table: pd.DataFrame, ranking: list[str], rank_hours: float, folder: Path) -> list[Path]:
+    """plots/ose_ranking.png (streams by their U_enc change at `rank_hours`, every component with its interval)
+    and plots/ose_leads.png (each component's change against lead)."""
+    comps = [c for c in SPLIT_COMPONENTS if c in set(table.component)]
+    folder.mkdir(parents=True, exist_ok=True)
+    at = table[table.lead_hours == rank_hours].set_index(["stream", "component"])
+    fig, (ax,) = _figure(1, (1.2 * len(ranking) + 2.5, 3.2))
+    x = np.arange(len(ranking))
+    width = 0.8 / len(comps)
+    for k, (c, color) in enumerate(zip(comps, ("tab:blue", "tab:orange", "tab:green"), strict=False)):
+        est = np.array([at.loc[(s, c), "change"] for s in ranking]) * 100
+        err = np.array([[at.loc[(s, c), "change"] - at.loc[(s, c), "lower"],
+                         at.loc[(s, c), "upper"] - at.loc[(s, c), "change"]] for s in ranking]).T * 100
+        ax.bar(x + (k - (len(comps) - 1) / 2) * width, est, width, yerr=err, color=color, capsize=3, label=c)
+    ax.axhline(0, color="k", lw=0.8)
+    ax.set_xticks(x, ranking, rotation=20)
+    ax.set_ylabel("change when denied (%)")
+    ax.set_title(f"streams by their U_enc change at +{rank_hours:g} h")
+    ax.legend(fontsize=8)
+    paths = [folder / "ose_ranking.png"]
+    fig.savefig(paths[0], dpi=90)
+    fig, axes = _figure(len(comps), (4.5 * len(comps), 3.2))
+    for ax, c in zip(axes, comps, strict=True):
+        for s in ranking:
+            part = table[(table.stream == s) & (table.component == c)]
+            ax.plot(part.lead_hours, part.change * 100, marker="o", label=s)
+            ax.fill_between(part.lead_hours, part.lower * 100, part.upper * 100, alpha=0.15)
+        ax.axhline(0, color="k", lw=0.8)
+        ax.set_xlabel("lead (h)")
+        ax.set_title(f"{c} change when denied (%)")
+    axes[0].legend(fontsize=7)
+    paths.append(folder / "ose_leads.png")
+    fig.savefig(paths[1], dpi=90)
+    return paths

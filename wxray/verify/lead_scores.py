@@ -9,7 +9,8 @@ grid, at the forecast's own inits:
 
 and the same scores of persistence (the state at init, unchanged) at the same inits and leads, so a
 forecast that does not beat persistence shows at once. A forecast with a `member` dim is scored by its
-ensemble mean (`jobs/evaluate.py` gives CRPS and spread-skill). The report:
+ensemble mean (`jobs/evaluate.py` gives CRPS and spread-skill). The scores are the scorecard's own
+(`verify.scorecard.build_scorecard` with rmse and acc, no intervals). The report:
 
     {"lead_hours": [6, 12], "inits": 40, "members": 1, "scored": "forecast",
      "units": {"geopotential_500": "m**2 s**-2"},
@@ -22,12 +23,11 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-import pandas as pd
 import xarray as xr
 
-from wxray.data.schema import INIT, LEAD, LEVEL, MEMBER
-from wxray.verify.deterministic import acc, climatology_at, rmse
+from wxray.data.schema import INIT, LEAD, LEVEL, MEMBER, Channel
 from wxray.verify.forecasts import crop_to, persistence_forecast, truth_at
+from wxray.verify.scorecard import Model, build_scorecard
 
 SCORES = ("rmse", "acc", "persistence_rmse", "persistence_acc")
 
@@ -47,36 +47,37 @@ def _channel_names(da: xr.DataArray, var: str) -> list[str]:
     return [f"{var}_{int(lv)}" for lv in da[LEVEL].values] if LEVEL in da.dims else [var]
 
 
-def _by_channel(scores: xr.DataArray, var: str) -> dict[str, list[float]]:
-    if LEVEL in scores.dims:
-        return dict(zip(_channel_names(scores, var), scores.transpose(LEVEL, ...).values.tolist(), strict=True))
-    return {var: scores.values.tolist()}
-
-
 def score_per_lead(forecast: xr.Dataset, truth: xr.Dataset,
                    climatology: xr.Dataset | None = None) -> dict[str, dict[str, list[float]]]:
-    """{"rmse": {channel: [per lead]}, "acc": {...}}; "acc" only where `climatology` has the variable."""
-    inits = forecast[INIT].values
+    """{"rmse": {channel: [per lead]}, "acc": {...}}; "acc" only where `climatology` has the variable. The
+    scorecard's metrics (`verify.metrics`), without intervals: the same RMSE and ACC as `jobs/evaluate.py`."""
     truth = on_grid(truth, forecast, "store")
     if climatology is not None:
         climatology = on_grid(climatology, forecast, "store stats/climatology")
     out: dict[str, dict[str, list[float]]] = {"rmse": {}, "acc": {}}
     for var in map(str, forecast.data_vars):
-        field = forecast[var].mean(MEMBER) if MEMBER in forecast[var].dims else forecast[var]
-        clim = climatology[var] if climatology is not None and var in climatology else None
-        per_lead: dict[str, list[xr.DataArray]] = {"rmse": [], "acc": []}
-        for lead in forecast[LEAD].values:
-            fc = field.sel({LEAD: lead})
-            t = at_levels(truth_at(truth[var], inits, lead, f"truth {var}"), fc)
-            per_lead["rmse"].append(rmse(fc, t, time_dims=(INIT,)))
-            if clim is not None:
-                valid = xr.DataArray(pd.DatetimeIndex(inits + lead), dims=INIT, coords={INIT: inits})
-                c = at_levels(climatology_at(clim, valid), fc)
-                per_lead["acc"].append(acc(fc, t, c).mean(INIT))
-        for name, values in per_lead.items():
-            if values:
-                out[name].update(_by_channel(xr.concat(values, dim=LEAD), var))
+        da = forecast[var]
+        chans = [Channel(var, int(lv)) for lv in da[LEVEL].values] if LEVEL in da.dims else [Channel(var)]
+        clim = climatology if climatology is not None and var in climatology else None
+        card = build_scorecard(Model(f"forecast {var}", forecast[[var]]), truth, chans, climatology=clim,
+                               skipna=True, metrics=("rmse", "acc"), intervals=False, maps=False)
+        for name in out:
+            if name in card["metric"].values:
+                out[name].update({ch.name: card["value"].sel(channel=ch.name, metric=name).values.tolist()
+                                  for ch in chans})
     return {k: v for k, v in out.items() if v}
+
+
+def truth_like(ds: xr.Dataset, like: xr.Dataset) -> xr.Dataset:
+    """The store's state at the valid times init + lead of `like` (dims init_time, lead_time, ...)."""
+    truth = on_grid(ds, like, "store")
+    inits = like[INIT].values
+    out = {}
+    for var in like.data_vars:
+        per_lead = [at_levels(truth_at(truth[var], inits, lead, f"truth {var}"), like[var])
+                    for lead in like[LEAD].values]
+        out[var] = xr.concat(per_lead, dim=LEAD).assign_coords({LEAD: like[LEAD].values})
+    return xr.Dataset(out)
 
 
 def persistence_like(forecast: xr.Dataset, truth: xr.Dataset) -> xr.Dataset:

@@ -26,17 +26,16 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from wxray.data.schema import LAT, LEAD, LON
+from wxray.verify.metrics import METRICS, exchangeable_metrics, nested_metrics
 
 MAX_LEADS_SHOWN = 4  # leads shown in map and rank-histogram grids
 MAX_LEAD_TICKS = 12
-LINE_METRICS = ("rmse", "bias", "mae", "acc", "ssim", "crps", "spread", "rho_drop", "rho_route")
 HEATMAP_METRICS = ("rmse", "crps")  # CRPS only for an ensemble (a one-member CRPS is the MAE)
-NAMES = {"rmse": "RMSE", "bias": "bias (forecast - truth)", "mae": "MAE", "acc": "ACC", "ssim": "SSIM",
-         "crps": "CRPS", "crps_ecdf": "CRPS (ECDF)", "spread": "ensemble spread", "ssr": "spread-skill ratio",
-         "rho_drop": "dropout share of variance", "rho_route": "routing share of variance", "u_enc": "U_enc",
-         "u_drop": "U_drop", "u_route": "U_route"}
-UNIT_POWER = {"rmse": 1, "bias": 1, "mae": 1, "crps": 1, "crps_ecdf": 1, "spread": 1, "u_enc": 2, "u_drop": 2,
-              "u_route": 2}
+# names, units and which metrics get a score-vs-lead figure: from the metric registry (verify/metrics.py)
+_ALL = [*METRICS, *exchangeable_metrics(2), *nested_metrics((2, 4, 8))]
+LINE_METRICS = tuple(dict.fromkeys(m.name for m in _ALL if m.plot))
+NAMES = {m.name: m.label or m.name for m in reversed(_ALL)}
+UNIT_POWER = {m.name: m.unit_power for m in _ALL}
 DOT = "significant (Diebold-Mariano, p < {:g})"
 
 

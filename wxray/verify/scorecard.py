@@ -30,8 +30,7 @@ attrs: `forecast`, `baseline` (names), `significance_method` (of the intervals a
 
 from __future__ import annotations
 
-import warnings
-from collections.abc import Callable
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -42,8 +41,6 @@ from wxray.data.schema import INIT, LAT, LEAD, LON, Channel, select_channel
 from wxray.errors import DataError
 from wxray.verify import deterministic as det
 from wxray.verify import ensemble as ens
-from wxray.verify.anova import SPLIT_COMPONENTS as NESTED_PARTS
-from wxray.verify.anova import nested_split
 from wxray.verify.forecasts import truth_at
 from wxray.verify.inference import (
     DEFAULT_METHOD,
@@ -57,104 +54,9 @@ from wxray.verify.inference import (
     hac_interval,
     min_series_length,
 )
-from wxray.verify.spatial import spatial_mean
+from wxray.verify.metrics import Metric, metrics_for, nested_draws, score_series
 
 REL_DIFF_CONVENTION = "forecast / baseline - 1; negative is better for rmse/mae/crps, positive for acc/ssim"
-
-
-@dataclass(frozen=True)
-class Metric:
-    name: str
-    inputs: tuple[str, ...]  # per-initialisation series the aggregate is computed from
-    aggregate: Callable[..., np.ndarray]  # reduces the last (initialisation) axis
-    loss: str | None = None  # series a paired test compares; None: no comparison with a baseline
-    higher_is_better: bool = False
-
-
-def _mean(x: np.ndarray) -> np.ndarray:
-    return x.mean(axis=-1)
-
-
-def _root_mean(x: np.ndarray) -> np.ndarray:
-    return np.sqrt(x.mean(axis=-1))
-
-
-def metrics_for(n_members: int, nested: tuple[int, ...] | None, has_climatology: bool) -> list[Metric]:
-    """The metrics that apply to a forecast with K members (K = 1: deterministic). `nested`: the independent
-    draws of a nested ensemble's levels, (M, M N) or with a routing level (M, M N, M N R); its spread is
-    the ANOVA's U_enc + U_drop [+ U_route]."""
-    out = [Metric("rmse", ("mse",), _root_mean, loss="mse"), Metric("bias", ("bias",), _mean),
-           Metric("mae", ("mae",), _mean, loss="mae")]
-    if has_climatology:
-        out.append(Metric("acc", ("acc",), _mean, loss="acc", higher_is_better=True))
-    out += [Metric("ssim", ("ssim",), _mean, loss="ssim", higher_is_better=True),
-            Metric("crps", ("crps",), _mean, loss="crps")]
-    if n_members >= 2:
-        out.append(Metric("crps_ecdf", ("crps_ecdf",), _mean))
-    if n_members >= 2 and not nested:
-        def ssr(var, err):
-            return ens.spread_skill_from_means(var.mean(-1), err.mean(-1), n_members)
-
-        out += [Metric("spread", ("variance",), _root_mean), Metric("ssr", ("variance", "mse"), ssr)]
-    if nested:
-        parts = NESTED_PARTS[: len(nested)]
-
-        def branch(key):
-            def f(*a):
-                return ens.branch_spread_skill([u.mean(-1) for u in a[:-1]], a[-1].mean(-1), nested)[key]
-            return f
-
-        def share(k):
-            def f(*us):
-                with np.errstate(divide="ignore", invalid="ignore"):
-                    return us[k].mean(-1) / sum(u.mean(-1) for u in us)
-            return f
-
-        out += [Metric("spread", parts, lambda *us: np.sqrt(sum(us).mean(-1))),
-                Metric("ssr", (*parts, "mse"), branch("ssr_total"))]
-        out += [Metric(u, (u,), _mean) for u in parts]
-        out += [Metric(f"rho_{u[2:]}", parts, share(k)) for k, u in enumerate(parts) if k]
-        out += [Metric(f"ssr_{u[2:]}", (*parts, "mse"), branch(f"ssr_{u[2:]}")) for u in parts]
-        out.append(Metric("ssr_total", (*parts, "mse"), branch("ssr_total")))
-    return out
-
-
-def score_series(forecast: xr.DataArray, truth: xr.DataArray, climatology: xr.DataArray | None,
-                 member_dims: tuple[str, ...], region, skipna: bool):
-    """Per-initialisation series (spatial means), time-mean maps and the rank histogram of one lead."""
-    mean = ens.ensemble_mean(forecast, member_dims) if member_dims else forecast
-    s = {"mse": det.mse(mean, truth, region, skipna), "bias": det.bias(mean, truth, region, skipna),
-         "mae": det.mae(mean, truth, region, skipna), "ssim": det.ssim(mean, truth, region, skipna)}
-    if climatology is not None:
-        s["acc"] = det.acc(mean, truth, climatology, region, skipna)
-    maps, hist = {}, None
-    if member_dims:
-        flat = ens.flatten_members(forecast, member_dims) if len(member_dims) > 1 else forecast
-        dim = ens.MEMBER if len(member_dims) > 1 else member_dims[0]
-        is_nested = set(member_dims) >= {ens.ENCODER_DRAW, ens.DROPOUT_DRAW}
-        field = (ens.crps_field_nested(forecast, truth, skipna=skipna) if is_nested
-                 else ens.crps_field(flat, truth, dim, fair=True, skipna=skipna))
-        s["crps"] = spatial_mean(field, region, skipna)
-        s["crps_ecdf"] = ens.crps_ecdf(flat, truth, dim, region, skipna)
-        if not is_nested:
-            var = ens.ensemble_variance(flat, dim)
-            s["variance"] = spatial_mean(var, region, skipna)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # scores warns on NaN members, already accounted for by skipna
-            hist = ens.rank_histogram(flat, truth, dim, region=region)
-        if is_nested:
-            parts = nested_split(forecast)
-            names = [u for u in NESTED_PARTS if u in parts]
-            for u in names:
-                s[u] = spatial_mean(parts[u], region, skipna)
-            var = sum(parts[u] for u in names)  # a new member's variance, unbiased (not the pooled one)
-        maps["spread_map"] = np.sqrt(var.mean(INIT, skipna=skipna))
-    else:
-        field = abs(mean - truth)  # a deterministic forecast's CRPS: its absolute error
-        s["crps"] = spatial_mean(field, region, skipna)
-    maps["crps_map" if member_dims else "mae_map"] = field.mean(INIT, skipna=skipna)
-    series = {k: np.asarray(v.transpose(INIT).values, dtype=np.float64) for k, v in s.items()}
-    return series, maps, hist
 
 
 NO_INTERVALS = "no intervals"  # `_ci`'s index argument where the series is too short for the method's intervals
@@ -207,10 +109,7 @@ class Model:
 
     def nested_draws(self) -> tuple[int, ...] | None:
         """Independent draws per nested level: (M, M N), or (M, M N, M N R) with a routing level."""
-        if not {ens.ENCODER_DRAW, ens.DROPOUT_DRAW} <= set(self.member_dims):
-            return None
-        m, n = self.data.sizes[ens.ENCODER_DRAW], self.data.sizes[ens.DROPOUT_DRAW]
-        return (m, m * n, self.n_members()) if ens.ROUTING_DRAW in self.member_dims else (m, m * n)
+        return nested_draws(self.data.sizes, self.member_dims)
 
     def check_members(self) -> None:
         if ens.MEMBER in self.member_dims and len(self.member_dims) > 1:
@@ -240,14 +139,16 @@ class _Settings:
     confidence: float
     significance: float
     method: str = DEFAULT_METHOD
+    intervals: bool = True
+    maps: bool = True
 
 
 def _score_lead(models: list[Model], metric_sets: list[list[Metric]], fields: list[xr.DataArray],
                 truth: xr.DataArray, clim: xr.DataArray | None, what: str, cfg: _Settings,
                 rng: np.random.Generator) -> tuple[dict[str, np.ndarray], dict, object, int, int]:
     """All metrics of one channel at one lead: {field: values per metric}, maps, histogram, n, ell."""
-    results = [score_series(f, truth, clim, m.member_dims, cfg.region, cfg.skipna)
-               for f, m in zip(fields, models)]
+    results = [score_series(f, truth, clim, m.member_dims, cfg.region, cfg.skipna, ms, maps=cfg.maps)
+               for f, m, ms in zip(fields, models, metric_sets)]
     series = [r[0] for r in results]
     if cfg.skipna:  # an initialisation with no valid point at all drops out of every series (paired)
         keep = np.logical_and.reduce([np.isfinite(v) for s in series for v in s.values()])
@@ -261,8 +162,8 @@ def _score_lead(models: list[Model], metric_sets: list[list[Metric]], fields: li
         idx = circular_block_indices(n, ell, cfg.n_bootstrap, rng) if n >= min_series_length(ell) else None
     else:  # fixed-b: ell is the Bartlett bandwidth M, the same for every series of this length
         ell, idx = (hac_bandwidth(n), None) if n >= min_series_length(None) else (0, None)
-    if n < min_series_length(ell if cfg.method == "paper" else None):  # scores, but no intervals or tests
-        ell, idx = 0, NO_INTERVALS
+    if not cfg.intervals or n < min_series_length(ell if cfg.method == "paper" else None):
+        ell, idx = 0, NO_INTERVALS  # scores, but no intervals or tests
     names = [m.name for m in metric_sets[0]]
     row = {k: np.full(len(names), np.nan) for k in ("value", "ci_lower", "ci_upper")}
     if len(models) > 1:
@@ -289,19 +190,22 @@ def _score_lead(models: list[Model], metric_sets: list[list[Metric]], fields: li
 def build_scorecard(forecast: Model, truth: xr.Dataset, channels: list[Channel], *,
                     climatology: xr.Dataset | None = None, baseline: Model | None = None,
                     region=None, skipna: bool = False, n_bootstrap: int = 5000, confidence: float = 0.95,
-                    significance: float = 0.05, seed: int = 0, method: str = DEFAULT_METHOD) -> xr.Dataset:
+                    significance: float = 0.05, seed: int = 0, method: str = DEFAULT_METHOD,
+                    metrics: Sequence[str] | None = None, intervals: bool = True, maps: bool = True) -> xr.Dataset:
     """Score `forecast` (and compare with `baseline`) on every channel x lead; see the module doc.
 
     `method`: "fixed-b" (default) or "paper", see `wxray.verify.inference`; n_bootstrap and seed apply to "paper".
+    `metrics`: only these of `verify.metrics.METRICS` (default: every one that applies); `intervals=False`: the
+    scores alone (no intervals or tests, as with too few inits); `maps=False`: no maps or rank histograms.
     """
     check_method(method)
     models = [forecast] + ([baseline] if baseline is not None else [])
     for m in models:
         m.check_members()
-    cfg = _Settings(region, skipna, n_bootstrap, confidence, significance, method)
+    cfg = _Settings(region, skipna, n_bootstrap, confidence, significance, method, intervals, maps)
     inits, leads = forecast.data[INIT].values, forecast.data[LEAD].values
     has_clim = climatology is not None and all(ch.variable in climatology for ch in channels)
-    metric_sets = [metrics_for(m.n_members(), m.nested_draws(), has_clim) for m in models]
+    metric_sets = [metrics_for(m.n_members(), m.nested_draws(), has_clim, metrics) for m in models]
     shape = (len(channels), len(leads))
     rows: dict[str, list] = {}
     n_init, block = np.zeros(shape, dtype=np.int64), np.zeros(shape, dtype=np.int64)

@@ -37,7 +37,8 @@ from wxray.verify.anova import (
     moments_anova,
     nested_split,
 )
-from wxray.verify.ensemble import branch_spread_skill, crps_field_nested
+from wxray.verify.ensemble import crps_field_nested
+from wxray.verify.metrics import metrics_for
 from wxray.verify.spatial import spatial_mean
 
 COMPONENT = "component"
@@ -90,7 +91,9 @@ def scores(parts: dict[str, xr.Dataset], truth: xr.Dataset, draws: Sequence[int]
            forecast: xr.Dataset | None = None) -> xr.Dataset:
     """Per variable and lead (and level), over the inits `truth` covers: ensemble-mean RMSE, spread-skill in
     total and per branch, and the nested fair CRPS when the members (`forecast`) are given. `draws`: the
-    independent draws of each level, (M, M N[, M N R]) (`verify.ensemble.branch_spread_skill`).
+    independent draws of each level, (M, M N[, M N R]). The scores are the scorecard's own metrics
+    (`verify.metrics`: `rmse`, `crps`, `ssr_*`) aggregated from per-init domain means, here of the split's
+    components (stored members or streamed moments alike).
 
     `truth` is on the forecast's (init_time, lead_time) grid (`verify.forecasts.truth_at` per lead)."""
     out = {}
@@ -99,13 +102,15 @@ def scores(parts: dict[str, xr.Dataset], truth: xr.Dataset, draws: Sequence[int]
             raise DataError(f"truth has no variable '{var}' to score the ensemble against")
         inits = truth[INIT].values
         p = p.sel({INIT: inits})
-        mse = spatial_mean((p["mean"] - truth[var]) ** 2).mean(INIT)
-        stats = {"rmse": np.sqrt(mse)}
         names = components(p)
-        ratios = branch_spread_skill([spatial_mean(p[c]).mean(INIT) for c in names], mse, draws[: len(names)])
-        stats.update({k: xr.DataArray(v) for k, v in ratios.items()})
+        series = {"mse": spatial_mean((p["mean"] - truth[var]) ** 2), **{c: spatial_mean(p[c]) for c in names}}
         if forecast is not None:
-            field = crps_field_nested(forecast[var].sel({INIT: inits}), truth[var])
-            stats["crps"] = spatial_mean(field).mean(INIT)
+            series["crps"] = spatial_mean(crps_field_nested(forecast[var].sel({INIT: inits}), truth[var]))
+        like = series["mse"].mean(INIT)
+        arrays = {k: v.transpose(*like.dims, INIT).values for k, v in series.items()}
+        wanted = ("rmse", *(f"ssr_{c[2:]}" for c in names), "ssr_total", "crps")
+        stats = {m.name: like.copy(data=m.aggregate(*(arrays[i] for i in m.inputs)))
+                 for m in metrics_for(int(draws[-1]), tuple(draws[: len(names)]), False, wanted)
+                 if all(i in arrays for i in m.inputs)}
         out[var] = xr.concat(list(stats.values()), dim="score").assign_coords(score=list(stats))
     return xr.Dataset(out)

@@ -26,11 +26,10 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import numpy as np
-import xarray as xr
 
 from wxray.config import InPath, NonNegFloat, NonNegInt, PosInt, Range, Seed
 from wxray.data.e2e_windows import E2EReader
-from wxray.data.schema import INIT, LEAD, TIME, open_store, time_step
+from wxray.data.schema import TIME, open_store, time_step
 from wxray.data.windows import choose_inits, parse_range, rollout_anchors
 from wxray.errors import ConfigError
 from wxray.job import JobConfig, JobContext, say
@@ -42,8 +41,7 @@ from wxray.platform.inference.chain import load_chain, load_stochastic, station_
 from wxray.platform.inference.nested import Plan, UnitModels
 from wxray.platform.train.rollout import routing_varies
 from wxray.platform.train.stages import StationSet
-from wxray.verify.forecasts import truth_at
-from wxray.verify.lead_scores import at_levels, on_grid
+from wxray.verify.lead_scores import truth_like
 
 
 @dataclass
@@ -162,18 +160,6 @@ def run_members(cfg: EnsembleConfig, ctx: JobContext, models: UnitModels, layout
                     actors=w.actors, num_cpus=w.num_cpus, num_gpus=w.num_gpus, vendor=w.vendor, device=w.device,
                     max_restarts=w.max_restarts, progress=bar.update)
     return [store.finish() for store in stores]
-
-
-def truth_like(ds: xr.Dataset, like: xr.Dataset) -> xr.Dataset:
-    """The store's state at the valid times init + lead of `like` (dims init_time, lead_time, ...)."""
-    truth = on_grid(ds, like, "store")
-    inits = like[INIT].values
-    out = {}
-    for var in like.data_vars:
-        per_lead = [at_levels(truth_at(truth[var], inits, lead, f"truth {var}"), like[var])
-                    for lead in like[LEAD].values]
-        out[var] = xr.concat(per_lead, dim=LEAD).assign_coords({LEAD: like[LEAD].values})
-    return xr.Dataset(out)
 
 
 def ensemble(cfg: EnsembleConfig, ctx: JobContext) -> dict[str, Any]:

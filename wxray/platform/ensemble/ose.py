@@ -28,20 +28,14 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import numpy as np
-import pandas as pd
 
 from wxray.config import NonNegInt, PosInt, Probability
-from wxray.data.schema import INIT, LEAD
 from wxray.errors import ConfigError, DataError
 from wxray.io import atomic_path
 from wxray.job import JobContext, say
 from wxray.platform.ensemble.batch import EnsembleConfig, build_models, run_members
-from wxray.platform.ensemble.report import channels, load_split
-from wxray.verify.anova import SPLIT_COMPONENTS
-from wxray.verify.denial import MIN_INITS, relative_change
-from wxray.verify.spatial import spatial_mean
-
-COMPONENTS = SPLIT_COMPONENTS
+from wxray.platform.ensemble.report import load_split
+from wxray.verify.denial import MIN_INITS, change_table, components, domain_series, plot_ose
 
 
 @dataclass
@@ -65,75 +59,6 @@ class OSEConfig(EnsembleConfig):
             raise ConfigError(f"rank_lead={self.rank_lead}: must lie in [0, lead_steps={self.lead_steps}]")
 
 
-def components(members_r: int) -> tuple[str, ...]:
-    """The variance components an OSE compares: U_route only where routing is a level (R > 1)."""
-    return COMPONENTS if members_r > 1 else COMPONENTS[:2]
-
-
-def domain_series(paths: dict, layout) -> dict[str, dict[str, np.ndarray]]:
-    """{component: {channel: (lead, init) domain means}} of one run's finished stores."""
-    _, parts = load_split(layout, paths)
-    out: dict[str, dict[str, np.ndarray]] = {c: {} for c in (*components(layout.plan.members_r), "u_total")}
-    for var, part in parts.items():
-        for c in out:
-            mean = spatial_mean(part[c])
-            for name, sel in channels(mean, var):
-                out[c][name] = mean.sel(sel).transpose(LEAD, INIT).values.astype(np.float64)
-    return out
-
-
-def change_table(series: dict[str, dict], streams: list[str], hours: list[float], cfg: OSEConfig) -> pd.DataFrame:
-    rows = []
-    for s in streams:
-        for c in components(cfg.members.R):
-            iv = relative_change(series["baseline"][c], series[s][c], method=cfg.significance_method,
-                                 confidence=cfg.confidence, n_resamples=cfg.n_resamples, seed=cfg.seed)
-            rows += [{"stream": s, "component": c, "lead_hours": h, "change": e, "lower": a, "upper": b}
-                     for h, e, a, b in zip(hours, iv.estimate, iv.lower, iv.upper, strict=True)]
-    return pd.DataFrame(rows)
-
-
-def plot_ose(table: pd.DataFrame, ranking: list[str], rank_hours: float, folder) -> list:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    comps = [c for c in COMPONENTS if c in set(table.component)]
-    folder.mkdir(parents=True, exist_ok=True)
-    at = table[table.lead_hours == rank_hours].set_index(["stream", "component"])
-    fig, ax = plt.subplots(figsize=(1.2 * len(ranking) + 2.5, 3.2), constrained_layout=True)
-    x = np.arange(len(ranking))
-    width = 0.8 / len(comps)
-    for k, (c, color) in enumerate(zip(comps, ("tab:blue", "tab:orange", "tab:green"), strict=False)):
-        est = np.array([at.loc[(s, c), "change"] for s in ranking]) * 100
-        err = np.array([[at.loc[(s, c), "change"] - at.loc[(s, c), "lower"],
-                         at.loc[(s, c), "upper"] - at.loc[(s, c), "change"]] for s in ranking]).T * 100
-        ax.bar(x + (k - (len(comps) - 1) / 2) * width, est, width, yerr=err, color=color, capsize=3, label=c)
-    ax.axhline(0, color="k", lw=0.8)
-    ax.set_xticks(x, ranking, rotation=20)
-    ax.set_ylabel("change when denied (%)")
-    ax.set_title(f"streams by their U_enc change at +{rank_hours:g} h")
-    ax.legend(fontsize=8)
-    paths = [folder / "ose_ranking.png"]
-    fig.savefig(paths[0], dpi=90)
-    plt.close(fig)
-    fig, axes = plt.subplots(1, len(comps), figsize=(4.5 * len(comps), 3.2), constrained_layout=True)
-    for ax, c in zip(axes, comps, strict=True):
-        for s in ranking:
-            part = table[(table.stream == s) & (table.component == c)]
-            ax.plot(part.lead_hours, part.change * 100, marker="o", label=s)
-            ax.fill_between(part.lead_hours, part.lower * 100, part.upper * 100, alpha=0.15)
-        ax.axhline(0, color="k", lw=0.8)
-        ax.set_xlabel("lead (h)")
-        ax.set_title(f"{c} change when denied (%)")
-    axes[0].legend(fontsize=7)
-    paths.append(folder / "ose_leads.png")
-    fig.savefig(paths[1], dpi=90)
-    plt.close(fig)
-    return paths
-
-
 def ose(cfg: OSEConfig, ctx: JobContext) -> dict[str, Any]:
     models, layout, anchors, data, used = build_models(replace(cfg, deny=[]))
     names = [s.name for s in data.obs.streams]
@@ -151,9 +76,11 @@ def ose(cfg: OSEConfig, ctx: JobContext) -> dict[str, Any]:
     dirs = {name: "baseline" if not deny else f"deny_{name}" for name, deny in runs.items()}
     say(f"OSE: a baseline and {len(streams)} denial run(s) ({', '.join(streams)}), their units in one fan-out")
     paths = run_members(cfg, ctx, models, layouts, anchors, data, sub_dirs=list(dirs.values()))
-    series = {name: domain_series(p, lay) for name, p, lay in zip(runs, paths, layouts, strict=True)}
+    series = {name: domain_series(load_split(lay, p)[1], lay.plan.members_r)
+              for name, p, lay in zip(runs, paths, layouts, strict=True)}
     hours = [float(k * layout.step / np.timedelta64(1, "h")) for k in range(cfg.lead_steps + 1)]
-    table = change_table(series, streams, hours, cfg)
+    table = change_table(series, streams, hours, cfg.members.R, method=cfg.significance_method,
+                         confidence=cfg.confidence, n_resamples=cfg.n_resamples, seed=cfg.seed)
     with atomic_path(ctx.out_dir / "ose.csv") as tmp:
         table.to_csv(tmp, index=False)
     rank_hours = hours[cfg.rank_lead]

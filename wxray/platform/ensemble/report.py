@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from wxray.data.schema import INIT, LEAD, LEVEL
+from wxray.data.schema import INIT, LEAD
 from wxray.io import atomic_path, write_json
 from wxray.platform.ensemble.store import STATION, STATION_FORECAST, STATION_VARIABLE, Layout
 from wxray.verify.variance import (
@@ -24,17 +24,7 @@ from wxray.verify.variance import (
     variance_curves,
     variance_maps,
 )
-
-
-def _hours(leads) -> list[float]:
-    return [float(h) for h in np.asarray(leads) / np.timedelta64(1, "h")]
-
-
-def channels(da: xr.DataArray, var: str) -> list[tuple[str, dict]]:
-    """(channel name, selection) of every level of `var`."""
-    if LEVEL in da.dims:
-        return [(f"{var}_{int(lv)}", {LEVEL: lv}) for lv in da[LEVEL].values]
-    return [(var, {})]
+from wxray.verify.variance_plots import channels, lead_hours, plot_curves, plot_maps
 
 
 def per_channel(ds: xr.Dataset, coord: str, label: str) -> dict[str, list[float]]:
@@ -46,74 +36,6 @@ def per_channel(ds: xr.Dataset, coord: str, label: str) -> dict[str, list[float]
         for name, sel in channels(da, var):
             out[name] = [float(f"{float(v):.6g}") for v in da.sel({coord: label, **sel}).transpose(LEAD).values]
     return out
-
-
-def shown_leads(n_leads: int) -> list[int]:
-    """Lead 0 and three later leads, evenly spaced to the last."""
-    if n_leads <= 4:
-        return list(range(n_leads))
-    return [0, *sorted({int(round(x)) for x in np.linspace(1, n_leads - 1, 3)})]
-
-
-def plot_maps(maps: xr.Dataset, folder: Path) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    paths = []
-    hours = _hours(maps[LEAD].values)
-    leads = shown_leads(len(hours))
-    for var, da in maps.data_vars.items():
-        for name, sel in channels(da, var):
-            field = da.sel(sel)
-            comps = list(field[COMPONENT].values)
-            fig, axes = plt.subplots(len(comps), len(leads), figsize=(3.2 * len(leads), 1.9 * len(comps)),
-                                     squeeze=False, constrained_layout=True)
-            for r, comp in enumerate(comps):
-                values = field.sel({COMPONENT: comp}).isel({LEAD: leads})
-                # the maps hold unbiased init means, slightly negative where a true share is ~0: the colour
-                # scale starts at 0 for display (the stored maps and every aggregate stay unclipped)
-                vmax = 1.0 if comp == "rho_drop" else float(np.nanmax(values.values)) or 1.0
-                for c, k in enumerate(leads):
-                    im = axes[r, c].pcolormesh(field.longitude, field.latitude, values.isel({LEAD: c}),
-                                               vmin=0.0, vmax=vmax, cmap="viridis", shading="auto")
-                    axes[r, c].set_title(f"{comp} +{hours[k]:g} h", fontsize=8)
-                    axes[r, c].tick_params(labelsize=6)
-                fig.colorbar(im, ax=axes[r, :], shrink=0.8)
-            fig.suptitle(f"{name}: variance split (mean over inits)")
-            path = folder / f"variance_maps_{name}.png"
-            fig.savefig(path, dpi=80)
-            plt.close(fig)
-            paths.append(path)
-    return paths
-
-
-def plot_curves(curves: xr.Dataset, folder: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    names = [(var, name, sel) for var, da in curves.data_vars.items() for name, sel in channels(da, var)]
-    fig, axes = plt.subplots(1, len(names), figsize=(3.6 * len(names), 3.0), squeeze=False, constrained_layout=True)
-    hours = _hours(curves[LEAD].values)
-    for ax, (var, name, sel) in zip(axes[0], names, strict=True):
-        da = curves[var].sel(sel)
-        for comp in da[COMPONENT].values:
-            if comp != "rho_drop":
-                ax.plot(hours, da.sel({COMPONENT: comp}), marker="o", label=str(comp))
-        ax.set_xlabel("lead (h)")
-        ax.set_title(name, fontsize=9)
-        twin = ax.twinx()
-        twin.plot(hours, da.sel({COMPONENT: "rho_drop"}), "k--", label="rho_drop")
-        twin.set_ylim(0, 1)
-        ax.legend(fontsize=7, loc="upper left")
-    fig.suptitle("domain-mean variance components (left) and rho_drop (dashed, right)")
-    path = folder / "variance_curves.png"
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
-    return path
 
 
 def load_split(layout: Layout, paths: dict[str, Path], store: str = "fields"
@@ -152,7 +74,7 @@ def analyse(layout: Layout, paths: dict[str, Path], truth_fn, scored_inits: np.n
     with atomic_path(out_dir / "variance_maps.zarr") as tmp:
         maps.to_zarr(tmp, zarr_format=2, consolidated=True)
     curves = variance_curves(maps)
-    report: dict[str, Any] = {"lead_hours": _hours(maps[LEAD].values), "members": k,
+    report: dict[str, Any] = {"lead_hours": lead_hours(maps[LEAD].values), "members": k,
                               "rho_drop": per_channel(curves, COMPONENT, "rho_drop"),
                               "u": {c: per_channel(curves, COMPONENT, c) for c in curves[COMPONENT].values
                                     if c != "rho_drop"}}

@@ -1,0 +1,91 @@
+"""Figures of a nested ensemble's variance split: maps of each component at lead 0 and three later leads,
+and the domain-mean curves against lead (`jobs/ensemble.py` writes both to plots/).
+
+The maps hold unbiased init means of the unclipped components (`verify.variance`), slightly negative where a
+true share is ~0: their colour scale starts at 0 for display only.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import xarray as xr
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from wxray.data.schema import LEAD, LEVEL
+from wxray.verify.variance import COMPONENT
+
+
+def _figure(nrows: int, ncols: int, figsize: tuple[float, float]):
+    """A figure of its own (no pyplot state: nothing global changes when a job plots)."""
+    fig = Figure(figsize=figsize, layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig, fig.subplots(nrows, ncols, squeeze=False)
+
+
+def lead_hours(leads) -> list[float]:
+    return [float(h) for h in np.asarray(leads) / np.timedelta64(1, "h")]
+
+
+def channels(da: xr.DataArray, var: str) -> list[tuple[str, dict]]:
+    """(channel name, selection) of every level of `var`."""
+    if LEVEL in da.dims:
+        return [(f"{var}_{int(lv)}", {LEVEL: lv}) for lv in da[LEVEL].values]
+    return [(var, {})]
+
+
+def shown_leads(n_leads: int) -> list[int]:
+    """Lead 0 and three later leads, evenly spaced to the last."""
+    if n_leads <= 4:
+        return list(range(n_leads))
+    return [0, *sorted({int(round(x)) for x in np.linspace(1, n_leads - 1, 3)})]
+
+
+def plot_maps(maps: xr.Dataset, folder: Path) -> list[Path]:
+    paths = []
+    hours = lead_hours(maps[LEAD].values)
+    leads = shown_leads(len(hours))
+    for var, da in maps.data_vars.items():
+        for name, sel in channels(da, var):
+            field = da.sel(sel)
+            comps = list(field[COMPONENT].values)
+            fig, axes = _figure(len(comps), len(leads), (3.2 * len(leads), 1.9 * len(comps)))
+            for r, comp in enumerate(comps):
+                values = field.sel({COMPONENT: comp}).isel({LEAD: leads})
+                # the maps hold unbiased init means, slightly negative where a true share is ~0: the colour
+                # scale starts at 0 for display (the stored maps and every aggregate stay unclipped)
+                vmax = 1.0 if comp == "rho_drop" else float(np.nanmax(values.values)) or 1.0
+                for c, k in enumerate(leads):
+                    im = axes[r, c].pcolormesh(field.longitude, field.latitude, values.isel({LEAD: c}),
+                                               vmin=0.0, vmax=vmax, cmap="viridis", shading="auto")
+                    axes[r, c].set_title(f"{comp} +{hours[k]:g} h", fontsize=8)
+                    axes[r, c].tick_params(labelsize=6)
+                fig.colorbar(im, ax=axes[r, :], shrink=0.8)
+            fig.suptitle(f"{name}: variance split (mean over inits)")
+            path = folder / f"variance_maps_{name}.png"
+            fig.savefig(path, dpi=80)
+            paths.append(path)
+    return paths
+
+
+def plot_curves(curves: xr.Dataset, folder: Path) -> Path:
+    names = [(var, name, sel) for var, da in curves.data_vars.items() for name, sel in channels(da, var)]
+    fig, axes = _figure(1, len(names), (3.6 * len(names), 3.0))
+    hours = lead_hours(curves[LEAD].values)
+    for ax, (var, name, sel) in zip(axes[0], names, strict=True):
+        da = curves[var].sel(sel)
+        for comp in da[COMPONENT].values:
+            if comp != "rho_drop":
+                ax.plot(hours, da.sel({COMPONENT: comp}), marker="o", label=str(comp))
+        ax.set_xlabel("lead (h)")
+        ax.set_title(name, fontsize=9)
+        twin = ax.twinx()
+        twin.plot(hours, da.sel({COMPONENT: "rho_drop"}), "k--", label="rho_drop")
+        twin.set_ylim(0, 1)
+        ax.legend(fontsize=7, loc="upper left")
+    fig.suptitle("domain-mean variance components (left) and rho_drop (dashed, right)")
+    path = folder / "variance_curves.png"
+    fig.savefig(path, dpi=80)
+    return path
