@@ -59,7 +59,7 @@ demo-uplift: setup
 	test -d runs/train_e2e/e2e/stochastic_encoder || $(BIN)/python jobs/finetune_stochastic.py stage=encoder
 	test -d runs/train_e2e/e2e/stochastic_processor || $(BIN)/python jobs/finetune_stochastic.py stage=processor
 	$(BIN)/python jobs/forecast_e2e.py steps=$(UPLIFT_STEPS) out_dir=runs/forecast_e2e/deterministic
-	$(BIN)/python jobs/forecast_e2e.py steps=$(UPLIFT_STEPS) members_m=4 members_n=4 out_dir=runs/forecast_e2e/uplift
+	$(BIN)/python jobs/forecast_e2e.py steps=$(UPLIFT_STEPS) members.M=4 members.N=4 out_dir=runs/forecast_e2e/uplift
 	$(BIN)/python jobs/evaluate.py forecast=runs/forecast_e2e/uplift/forecast.zarr truth=data/sample_32x64.zarr \
 		baseline=runs/forecast_e2e/deterministic/forecast.zarr out_dir=runs/evaluate/uplift
 
@@ -81,7 +81,7 @@ demo-ensemble: setup
 # The uplifted chain's inference dropout p, scored by spread-skill (the paper's selection of p = 0.05).
 calibrate-dropout: setup
 	for p in 0.05 0.1 0.2; do \
-		$(BIN)/python jobs/forecast_e2e.py members_m=1 members_n=8 dropout=$$p out_dir=runs/calibrate_dropout/p$$p \
+		$(BIN)/python jobs/forecast_e2e.py members.M=1 members.N=8 dropout=$$p out_dir=runs/calibrate_dropout/p$$p \
 		&& $(BIN)/python jobs/evaluate.py forecast=runs/calibrate_dropout/p$$p/forecast.zarr \
 			truth=data/sample_32x64.zarr out_dir=runs/calibrate_dropout/p$$p/evaluate plots=false || exit 1; done
 

@@ -5,10 +5,10 @@ the same units in this process, batched vs one dropout member at a time; and the
     python benchmarks/bench_ensemble.py --inits 32 --members 4 4 2 --actors 2 --json out.json
     python benchmarks/bench_ensemble.py --memory 2x2 4x4 8x8 --memory-inits 2000-03-30T00/2000-03-31T18
 
-Both run the same work units (init t, encoder draw i -> N x R members, `ensemble_units.run_unit`) on the same
+Both run the same work units (init t, encoder draw i -> N x R members, `inference.nested.run_unit`) on the same
 number of replicas with the same CPUs, on the uplifted chain in `--checkpoint`, and deliver every unit's
 members to the driver (where the job writes them by coordinate):
-  actors     ensemble_actors.fan_out: each init's inputs read once by the driver, shared by its M units
+  actors     ensemble.actors.fan_out: each init's inputs read once by the driver, shared by its M units
              through the object store, two units in flight per actor, results taken as they finish
   ray_data   ray.data.from_items(units).map_batches(<callable class holding a replica>, batch_size=1,
              compute=ActorPoolStrategy(size=actors)): each row reads its own init's inputs inside the map,

@@ -30,7 +30,7 @@ def _sdpa_cpu_flops() -> dict:
 
 class StepBench:
     """A module, AdamW and a loss closure loss_fn(generator); `probe()` counts FLOPs and saved bytes, `step()`
-    times a step. With bf16 the closure runs as the training loops run a forward (`accelerators.compute`:
+    times a step. With bf16 the closure runs as the training loops run a forward (`devices.compute`:
     bf16 autocast on the device's best attention kernels); parameters and optimizer stay fp32."""
 
     def __init__(self, module: nn.Module, loss_fn: Callable[[torch.Generator], torch.Tensor],

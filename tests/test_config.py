@@ -101,3 +101,21 @@ def test_a_section_given_in_part_keeps_its_owners_defaults():
     cfg = load_config(TrainE2EConfig, ["data.batch_size=4", "processor.embed_dim=64"])
     assert (cfg.data.history, cfg.data.batch_size) == (1, 4)  # history 1 is the e2e factory's, not DataConfig's
     assert cfg.processor.embed_dim == 64 and tuple(cfg.processor.split) == (2, 2, 2)
+
+
+def test_renamed_keys_keep_working_for_a_release_with_one_line(capsys):
+    """M, N, R are spelled members.M/N/R in every job; forecast_e2e's members_m/members_n and the OSE's deny
+    still work, each with one deprecation line."""
+    from wxray.job import prepare
+    from wxray.platform.ensemble.ose import OSEConfig
+    from wxray.platform.inference.forecast_e2e import ForecastE2EConfig
+
+    cfg = prepare("forecast_e2e", ForecastE2EConfig, ["members_m=3", "members_n=2"])
+    assert (cfg.members.M, cfg.members.N, cfg.members_m, cfg.members_n) == (3, 2, 0, 0)
+    out = capsys.readouterr().out.splitlines()
+    assert out == ["wxray: config key 'members_m' is deprecated and will be removed: use 'members.M'",
+                   "wxray: config key 'members_n' is deprecated and will be removed: use 'members.N'"]
+    assert prepare("forecast_e2e", ForecastE2EConfig, ["members.M=4"]).members.M == 4
+    ose = prepare("ose", OSEConfig, ["deny=[stations]"])
+    assert ose.streams == ["stations"] and ose.deny == []
+    assert "use 'streams'" in capsys.readouterr().out

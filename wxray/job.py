@@ -75,6 +75,11 @@ def say(line: str) -> None:
     print(f"wxray: {line}", flush=True)
 
 
+def deprecated(old: str, new: str) -> None:
+    """The one line a renamed config key prints while its old name still works (for one release)."""
+    say(f"config key '{old}' is deprecated and will be removed: use '{new}'")
+
+
 class JobContext:
     """What `main` gets besides its config: the run directory and the MLflow tracker.
 

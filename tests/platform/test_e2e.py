@@ -191,7 +191,7 @@ def test_stochastic_uplift_and_nested_members_recomputed_alone(chain, tmp_path):
 
     def ensemble(inits, out):
         _run("forecast_e2e", ForecastE2EConfig, forecast_e2e,
-             [f"stages={stages}", "steps=2", inits, "members_m=2", "members_n=3", f"out_dir={tmp_path / out}",
+             [f"stages={stages}", "steps=2", inits, "members.M=2", "members.N=3", f"out_dir={tmp_path / out}",
               "batch_size=1", "tracking.enabled=false"])  # one init's members per forward: bit for bit
         return xr.open_zarr(tmp_path / out / "forecast.zarr").geopotential.load()
 
@@ -216,7 +216,7 @@ def test_dropout_calibration_sweep_scores_each_rate_by_spread_skill(chain, tmp_p
              ["stage=encoder", "train.epochs=1", "train.max_steps_per_epoch=2", "stochastic.members=2",
               "stochastic.noise_dim=4", f"stages_dir={stages}", "tracking.enabled=false"])
     # six inits: the evaluation's intervals need that many
-    spec = {"job": "forecast_e2e", "overrides": {"stages": str(stages), "members_n": 2, "steps": 1,
+    spec = {"job": "forecast_e2e", "overrides": {"stages": str(stages), "members.N": 2, "steps": 1,
                                                   "inits": "2000-01-01T06/2000-01-02T12"},
             "space": {"dropout": {"grid": [0.05, 0.3]}}, "metric": "ssr_distance", "scheduler": "fifo"}
     (tmp_path / "dropout.yaml").write_text(dump_yaml(spec))
@@ -228,7 +228,7 @@ def test_dropout_calibration_sweep_scores_each_rate_by_spread_skill(chain, tmp_p
     ssr = table.set_index("dropout")["mean_ssr"]
     assert ssr[0.3] > ssr[0.05]  # the rate reaches the members: more dropout, more spread
     best = load_config(ForecastE2EConfig, ["--config", res["best_config"]])
-    assert best.dropout == res["best"]["dropout"] and best.members_n == 2
+    assert best.dropout == res["best"]["dropout"] and best.members.N == 2
 
 
 def test_forecast_denying_an_unknown_stream_is_one_line(tmp_path, capsys):
@@ -278,7 +278,7 @@ def test_ensemble_and_ose_jobs_on_actors(chain, tmp_path, capsys):
 
     res_ens_stations = res["stores"]["stations"]
     # six inits: the fewest the default fixed-b intervals take
-    res = _run("ose", OSEConfig, ose, [*common, "inits=2000-01-01T06/2000-01-02T12", "deny=[stations]",
+    res = _run("ose", OSEConfig, ose, [*common, "inits=2000-01-01T06/2000-01-02T12", "streams=[stations]",
                                        "members.R=2", f"out_dir={tmp_path / 'ose'}",
                                        "tracking.enabled=false", "plots=false"])
     assert res["ranking"] == ["stations"] and set(res["runs"]) == {"baseline", "stations"}
@@ -299,7 +299,8 @@ def test_ensemble_and_ose_jobs_on_actors(chain, tmp_path, capsys):
 
     # bad input: one line, exit 2, nothing written
     capsys.readouterr()
-    for argv, msg in ((["members.M=1"], "members.M=1"), (["deny=[radar]"], "radar"),
+    for argv, msg in ((["members.M=1"], "members.M=1"), (["deny=[radar]"], "radar"),  # the old name still works
+                      (["streams=[stations,stations]"], "named twice"),
                       (["workers.actors=64", "workers.num_cpus=3", "inits=2000-01-01T06/2000-01-02T12"], "num_cpus=3"),
                       ([], "need at least 6"),  # the test split of this store: one init, too few for the CIs
                       (["significance_method=paper"], "need at least 4"),

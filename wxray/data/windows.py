@@ -1,5 +1,5 @@
 """Training windows over a gridded store: which (history, target) windows are valid, how they split,
-and how one batch of them is read and normalised. No Ray here: the Ray Data layer (`datasets.py`) and
+and how one batch of them is read and normalised. No Ray here: the Ray Data layer (`platform/train/datasets.py`) and
 the single-process benchmark loop call the same reader.
 
 A window is named by its *anchor*, the index of its last input step t. Inputs are steps

@@ -86,9 +86,3 @@ class StoreWriter:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Consolidated metadata is currently not part")
             zarr.consolidate_metadata(str(self.path))
-
-
-def write_dataset(ds: xr.Dataset, path: str | Path) -> None:
-    """Write an in-memory store dataset in one go (same layout as the block writer)."""
-    w = StoreWriter(path)
-    w.write(ds)

@@ -1,1 +1,1 @@
-"""The Ray layer: datasets, trainer loop, ensemble actors, tracking, accelerators, job plumbing."""
+"""The Ray layer, in rooms that import one way (docs/ARCHITECTURE.md): cluster <- train <- inference <- ensemble."""

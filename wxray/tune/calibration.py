@@ -35,8 +35,8 @@ def check_trial(base_cfg) -> set[str]:
     a missing stage is one line before any trial starts; the metrics a trial reports."""
 
     tcfg, data, *_ = load_chain(base_cfg.stages, base_cfg.store, base_cfg.obs_dir, base_cfg.deny)
-    if base_cfg.members_m * base_cfg.members_n > 1:
-        load_stochastic(Path(base_cfg.stages), tcfg, data, base_cfg.members_m, base_cfg.members_n,
+    if base_cfg.members.M * base_cfg.members.N > 1:
+        load_stochastic(Path(base_cfg.stages), tcfg, data, base_cfg.members.M, base_cfg.members.N,
                         base_cfg.dropout)
     channels = [c.name for c in data.spec.targets]
     return set(SUMMARY_METRICS) | {f"{m}/{c}" for m in ("crps", "rmse") for c in channels}

@@ -14,7 +14,7 @@ U_route (the Sparse-Reslim token selection). Over a set of inits:
 
 Every U is the unclipped, unbiased ANOVA estimate (`anova.py`): the maps, curves, shares and ratios average
 it as it is, negative point values included, so none of them is biased upwards where a true component is
-small. Only the plots (`ensemble_report.plot_maps`) start their colour scale at 0.
+small. Only the plots (`variance_plots.plot_maps`) start their colour scale at 0.
 
 From stored members (`split_members`) or from streamed moments (`split_moments`): the two give the same
 numbers to float tolerance.

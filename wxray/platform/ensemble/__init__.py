@@ -1,0 +1,1 @@
+"""Batch ensembles on Ray actors and observing-system experiments."""

@@ -7,8 +7,8 @@ on Ray actors, and where their spread comes from.
 
 `checkpoint` is the stages directory of `jobs/train_e2e.py` after `jobs/finetune_stochastic.py` (the
 stochastic encoder, and the MC-dropout processor or `dropout=`). A work unit is (init t, encoder draw i):
-an actor encodes once and rolls the N x R members out as one batch (`ensemble_units`, `ensemble_actors`).
-Outputs in the run directory (`ensemble_store`): forecast.zarr (+ stations.zarr) or moments.zarr, then
+an actor encodes once and rolls the N x R members out as one batch (`inference/nested.py`, `actors.py`).
+Outputs in the run directory (`store.py`): forecast.zarr (+ stations.zarr) or moments.zarr, then
 
     variance_maps.zarr   per variable (component, lead_time, ..., latitude, longitude): U_enc, U_drop, [U_route,]
                          U_total, rho_drop, init means (`verify.variance`)
@@ -38,14 +38,14 @@ from wxray.platform.ensemble.actors import check_fits, fan_out
 from wxray.platform.ensemble.report import analyse, summary_line
 from wxray.platform.ensemble.store import EnsembleStore, Layout
 from wxray.platform.inference.chain import load_chain, load_stochastic, station_table
-from wxray.platform.inference.nested import Plan, UnitModels
+from wxray.platform.inference.nested import Members, Plan, UnitModels
 from wxray.platform.train.rollout import routing_varies
 from wxray.platform.train.stages import StationSet
 from wxray.verify.lead_scores import truth_like
 
 
 @dataclass
-class MembersConfig:
+class MembersConfig(Members):
     M: PosInt = 4  # encoder noise draws (needs the stochastic encoder); >= 2 for the split
     N: PosInt = 4  # MC-dropout members per encoder draw; >= 2 for the split
     R: PosInt = 1  # routing draws per dropout member (a processor with random routing); 1 = none
@@ -77,7 +77,7 @@ class EnsembleConfig(JobConfig):
     members: MembersConfig = field(default_factory=MembersConfig)
     deny: list[str] = field(default_factory=list)  # streams withheld from the encoder (observing-system denial)
     dropout: Annotated[float, Range(-1, 1, hi_open=True)] = -1.0  # inference dropout p; -1 = as finetuned
-    seed: Seed = 0  # every draw from SeedSequence([seed, t, source, i(, j(, k))]) (ensemble_units.py)
+    seed: Seed = 0  # every draw from SeedSequence([seed, t, source, i(, j(, k))]) (train/seeds.py)
     keep_members: bool = True  # false: only the streamed moments (moments.zarr), no forecast.zarr
     workers: ActorConfig = field(default_factory=ActorConfig)
     ray_address: str = ""  # "" = RAY_ADDRESS under ray job submit, else a local cluster

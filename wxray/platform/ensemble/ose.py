@@ -1,7 +1,7 @@
 """Observing-system experiments (`jobs/ose.py`): what each observation stream contributes to the spread.
 
-    python jobs/ose.py checkpoint=runs/train_e2e/e2e members.M=4 members.N=4 deny=[stations,ships]
-    python jobs/ose.py checkpoint=runs/train_e2e/e2e                  # deny=[] : every stream, one at a time
+    python jobs/ose.py checkpoint=runs/train_e2e/e2e members.M=4 members.N=4 streams=[stations,ships]
+    python jobs/ose.py checkpoint=runs/train_e2e/e2e                  # streams=[] : every stream, one at a time
 
 A baseline ensemble, then one rerun per stream with that stream's encoder embedding zeroed (`deny`), each
 fanned out on Ray actors like `jobs/ensemble.py` and sharing every draw with the baseline (common random
@@ -32,7 +32,7 @@ import numpy as np
 from wxray.config import NonNegInt, PosInt, Probability
 from wxray.errors import ConfigError, DataError
 from wxray.io import atomic_path
-from wxray.job import JobContext, say
+from wxray.job import JobContext, deprecated, say
 from wxray.platform.ensemble.batch import EnsembleConfig, build_models, run_members
 from wxray.platform.ensemble.report import load_split
 from wxray.verify.denial import MIN_INITS, change_table, components, domain_series, plot_ose
@@ -40,7 +40,8 @@ from wxray.verify.denial import MIN_INITS, change_table, components, domain_seri
 
 @dataclass
 class OSEConfig(EnsembleConfig):
-    deny: list[str] = field(default_factory=list)  # streams to withhold, one rerun each; [] = every stream
+    streams: list[str] = field(default_factory=list)  # the streams denied, one rerun each; [] = every stream
+    deny: list[str] = field(default_factory=list)  # deprecated (one release): streams
     keep_members: bool = False  # the split needs only the streamed moments
     rank_lead: NonNegInt = 1  # lead step (0 = analysis) at which streams are ranked by their U_enc change
     # fixed-b: the scorecard's HAC interval (holds its level); paper: the paired block bootstrap of the paper
@@ -55,6 +56,11 @@ class OSEConfig(EnsembleConfig):
 
     def validate(self) -> None:
         super().validate()
+        if self.deny:
+            deprecated("deny", "streams")
+            self.streams, self.deny = list(self.streams or self.deny), []
+        if len(set(self.streams)) != len(self.streams):
+            raise ConfigError(f"streams={self.streams}: a stream is named twice")
         if not 0 <= self.rank_lead <= self.lead_steps:
             raise ConfigError(f"rank_lead={self.rank_lead}: must lie in [0, lead_steps={self.lead_steps}]")
 
@@ -62,10 +68,10 @@ class OSEConfig(EnsembleConfig):
 def ose(cfg: OSEConfig, ctx: JobContext) -> dict[str, Any]:
     models, layout, anchors, data, used = build_models(replace(cfg, deny=[]))
     names = [s.name for s in data.obs.streams]
-    unknown = [s for s in cfg.deny if s not in names]
+    unknown = [s for s in cfg.streams if s not in names]
     if unknown:
-        raise ConfigError(f"deny names {', '.join(unknown)}: not a stream the encoder reads ({', '.join(names)})")
-    streams = list(cfg.deny) or names
+        raise ConfigError(f"streams names {', '.join(unknown)}: not a stream the encoder reads ({', '.join(names)})")
+    streams = list(cfg.streams) or names
     need = MIN_INITS[cfg.significance_method]
     if len(anchors) < need:
         raise DataError(f"inits: {len(anchors)} init(s); the OSE intervals (significance_method="

@@ -1,0 +1,1 @@
+"""Forecasts from trained checkpoints: the forecast jobs, the chain loaded, the one nested-ensemble engine."""

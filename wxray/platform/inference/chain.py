@@ -83,7 +83,7 @@ def _last_lead(run: Path) -> Path | None:
 
 
 def load_stochastic(stages: Path, tcfg: TrainE2EConfig, data: E2EData, members_m: int, members_n: int,
-                    dropout: float, keys: tuple[str, str] = ("members_m", "members_n")
+                    dropout: float, keys: tuple[str, str] = ("members.M", "members.N")
                     ) -> tuple[StochasticEncoder, torch.nn.Module, float, dict[str, str]]:
     """The stochastic encoder and the (MC-dropout) processor, and the dropout rate used. `keys`: the config
     keys of M and N, as the errors name them."""

@@ -13,7 +13,7 @@ forecasts from the `decoder` stage (skipped, with a line saying so, when there i
     stations.parquet  init_time, lead_time (hours), station, latitude, longitude, variable, value: the decoder
                       at every station of the station stream, every lead
 
-Scores in RESULT: per lead RMSE/ACC beside persistence of the true state (`rollout_scores`) for inits with
+Scores in RESULT: per lead RMSE/ACC beside persistence of the true state (`verify.lead_scores`) for inits with
 truth at every lead, and station RMSE/bias/MAE per lead beside bilinear interpolation of the gridded forecast.
 """
 
@@ -27,16 +27,16 @@ import numpy as np
 import pandas as pd
 import torch
 
-from wxray.config import InPath, PosInt, Range, Seed
+from wxray.config import InPath, NonNegInt, PosInt, Range, Seed
 from wxray.data.e2e_windows import E2EData, E2EReader
 from wxray.data.schema import INIT, LEAD, TIME, open_climatology, open_store
 from wxray.data.windows import choose_inits, parse_range, rollout_anchors
 from wxray.io import atomic_path
-from wxray.job import JobConfig, JobContext, say
+from wxray.job import JobConfig, JobContext, deprecated, say
 from wxray.models import RowGenerators
 from wxray.platform.inference.chain import load_chain, load_stochastic, station_table
 from wxray.platform.inference.forecast import resolve_device
-from wxray.platform.inference.nested import Plan, UnitModels, nested_members, run_units
+from wxray.platform.inference.nested import Members, Plan, UnitModels, nested_members, run_units
 from wxray.platform.train.rollout import to_forecast_dataset, write_forecast
 from wxray.platform.train.seeds import ROUTING, coordinate_seed
 from wxray.platform.train.stage_eval import physical
@@ -55,8 +55,9 @@ class ForecastE2EConfig(JobConfig):
     inits: str = ""  # "start/end" init times, inclusive; "" = the test split with truth at every lead
     steps: PosInt = 4  # processor steps after the analysis (lead 0)
     deny: list[str] = field(default_factory=list)  # streams withheld from the encoder (observing-system denial)
-    members_m: PosInt = 1  # encoder noise draws M (needs jobs/finetune_stochastic.py stage=encoder)
-    members_n: PosInt = 1  # dropout members N per draw (the finetuned stochastic processor, or dropout > 0)
+    members: Members = field(default_factory=Members)  # the nested M x N ensemble; M = N = 1: deterministic
+    members_m: NonNegInt = 0  # deprecated (one release): members.M
+    members_n: NonNegInt = 0  # deprecated (one release): members.N
     dropout: Annotated[float, Range(-1, 1, hi_open=True)] = -1.0  # inference dropout p; -1 = as finetuned
     seed: Seed = 0  # every draw of init t from its coordinates: SeedSequence([seed, t, source, ...]) (seeds.py)
     batch_size: PosInt = 8  # inits per forward (each with its M x N members)
@@ -65,10 +66,15 @@ class ForecastE2EConfig(JobConfig):
     experiment = "wxray-forecast"
 
     def run_label(self, job: str) -> str:
-        members = f"-{self.members_m}x{self.members_n}" if self.members_m * self.members_n > 1 else ""
-        return "e2e" + members + ("-deny-" + "-".join(self.deny) if self.deny else "")
+        m, n = self.members.M, self.members.N
+        return "e2e" + (f"-{m}x{n}" if m * n > 1 else "") + ("-deny-" + "-".join(self.deny) if self.deny else "")
 
     def validate(self) -> None:
+        for old, new in (("members_m", "M"), ("members_n", "N")):
+            if getattr(self, old):
+                deprecated(old, f"members.{new}")
+                setattr(self.members, new, getattr(self, old))
+                setattr(self, old, 0)
         if self.inits:
             parse_range(self.inits, "inits")
         resolve_device(self.device)
@@ -157,7 +163,7 @@ def forecast_e2e(cfg: ForecastE2EConfig, ctx: JobContext) -> dict[str, Any]:
         say(f"no decoder stage under {cfg.stages}: gridded forecasts only")
     say(f"forecasting {len(anchors)} init(s), {cfg.steps} step(s) from the analysis"
         + (f", denying {', '.join(cfg.deny)}" if cfg.deny else ""))
-    m, n = cfg.members_m, cfg.members_n
+    m, n = cfg.members.M, cfg.members.N
     members, extra = None, {}
     if m * n > 1:
         senc, sproc, p, found = load_stochastic(Path(cfg.stages), tcfg, data, m, n, cfg.dropout)
@@ -170,7 +176,7 @@ def forecast_e2e(cfg: ForecastE2EConfig, ctx: JobContext) -> dict[str, Any]:
         fields, st = run_members(models, data, anchors, plan, cfg.batch_size, device)
         stations = None if st is None else (table, st)
         members = list(range(m * n))
-        extra = {"members_m": m, "members_n": n, "dropout": p, "seed": cfg.seed, "seeds": SEED_NOTE}
+        extra = {"members": {"M": m, "N": n}, "dropout": p, "seed": cfg.seed, "seeds": SEED_NOTE}
     else:
         fields, stations = run_forecast(data, encoder, processor, decoder, anchors, cfg.steps, cfg.deny,
                                         cfg.batch_size, device, init_times, cfg.seed)

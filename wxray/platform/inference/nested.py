@@ -32,6 +32,7 @@ import pandas as pd
 import torch
 import xarray as xr
 
+from wxray.config import PosInt
 from wxray.data.schema import INIT, LEAD, MEMBER
 from wxray.data.windows import WindowSpec
 from wxray.models import RowGenerators, mc_dropout, tile_members
@@ -39,6 +40,14 @@ from wxray.platform.train.seeds import DROPOUT, ENCODER, ROUTING, coordinate_see
 from wxray.platform.train.stage_eval import physical
 from wxray.platform.train.stages import StationSet, next_state, obs_of, processor_input
 from wxray.verify.anova import DROPOUT_DRAW, ENCODER_DRAW, MOMENT, ROUTING_DRAW, group_moments
+
+
+@dataclass
+class Members:
+    """The nested design as every job spells it (`members.M`, `members.N`, `members.R`)."""
+
+    M: PosInt = 1  # encoder noise draws (the stochastic encoder of jobs/finetune_stochastic.py stage=encoder)
+    N: PosInt = 1  # MC-dropout members per encoder draw (the finetuned stochastic processor, or dropout > 0)
 
 
 @dataclass(frozen=True)

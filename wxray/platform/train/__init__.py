@@ -1,0 +1,1 @@
+"""Training: the one loop and its tasks, the TorchTrainer driver, the training jobs, checkpoints, rollout."""

@@ -5,7 +5,7 @@ job's evaluation of its final checkpoint (evaluation.py) and the forecast job (f
     run = forecast_and_score(model, spec, ds, anchors, steps, out_dir, tracker, seed=..., batch_size=...)
 
 `forecast_and_score` rolls the model out from `anchors` (rollout.py), writes `<out_dir>/forecast.zarr` in
-the forecast convention and scores, per lead and beside persistence (rollout_scores.py), the inits whose
+the forecast convention and scores, per lead and beside persistence (`verify.lead_scores`), the inits whose
 truth is in the store at every lead (`rollout_anchors`), logging those scores to MLflow. Its `report` is
 the `rollout` entry of RESULT, {} when no init has that truth.
 """
@@ -49,7 +49,7 @@ class ForecastRun:
     forecast: xr.Dataset  # forecast convention, every init of `anchors`
     path: Path  # <out_dir>/forecast.zarr
     scored: np.ndarray  # the anchors with truth at every lead, the inits `report` scores
-    report: dict[str, Any]  # rollout_scores.rollout_report of the scored inits; {} when there are none
+    report: dict[str, Any]  # verify.lead_scores.rollout_report of the scored inits; {} when there are none
 
 
 def forecast_and_score(model: torch.nn.Module, spec: WindowSpec, ds: xr.Dataset, anchors: np.ndarray, steps: int,

@@ -1,7 +1,7 @@
 """After training: the final checkpoint rolled out on the test split, written as `forecast.zarr` in the
-forecast convention, scored per lead beside persistence (rollout_scores.py), and a truth / forecast /
+forecast convention, scored per lead beside persistence (`verify.lead_scores`), and a truth / forecast /
 error map of the first target at the first lead (`forecast_map_<split>.png`). Loading, rollout, forecast
-store and scores are the forecast job's (checkpoint_forecast.py); a rollout stops at one step where a
+store and scores are the forecast job's (`checkpoint_forecast.py`); a rollout stops at one step where a
 forecast cannot be the next input (`rollout.possible_steps`, the rule of `check_rollout`).
 
 With `train.routing_members` = M > 1 every init is forecast M times, one routing draw each (rollout.py;
