@@ -131,7 +131,7 @@ def test_check_cluster_fits_records_the_vendor_and_the_scaling_config_pins_it(mo
     assert resources.check_cluster_fits(cfg).vendor == "amd" and cfg.vendor == "amd"
     sc = resources.ray_scaling_config(cfg)
     assert sc.label_selector == {pl.VENDOR_LABEL: "amd"} and sc.resources_per_worker == {"CPU": 1.0, "GPU": 2}
-    assert isinstance(resources.torch_config(cfg), pl.RocmTorchConfig)
+    assert isinstance(resources.torch_config(cfg), pl.rocm_torch_config_cls())
     nodes[:] = [node(n.node_id, vendor=n.vendor, label=False, gpus=n.gpus) for n in nodes]  # resources only
     sc = resources.ray_scaling_config(cfg)
     assert sc.label_selector is None and sc.resources_per_worker == {"CPU": 1.0, "GPU": 2, "amd": 2}

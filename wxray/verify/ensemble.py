@@ -13,7 +13,6 @@ from collections.abc import Sequence
 
 import numpy as np
 import xarray as xr
-from scores.probability import rank_histogram as _scores_rank_histogram
 
 from wxray.data.schema import LAT, LON, MEMBER
 from wxray.errors import DataError
@@ -196,6 +195,8 @@ def rank_histogram(forecast: xr.DataArray, truth: xr.DataArray, member_dim: Memb
 
     Delegates to `scores.probability.rank_histogram`; the weights are those of `spatial_mean`.
     """
+    from scores.probability import rank_histogram as _scores_rank_histogram
+
     forecast, dim = _member_dim(forecast, member_dim)
     _require_members(forecast, dim, "a rank histogram")
     weights = latitude_weights(forecast[LAT]) * xr.ones_like(forecast[LON], dtype=np.float64)

@@ -111,7 +111,8 @@ def _check_rocr(ids: list[str], rocr: list[str] | None) -> None:
 
 def apply_rocm_worker_env() -> int:
     """On a Ray Train worker, before torch touches the GPU: make ROCm see the node's shared GPU list (no-op on
-    NVIDIA and CPU); returns the worker's cuda index. Run by `placement.RocmTorchConfig` on every worker."""
+    NVIDIA and CPU); returns the worker's cuda index. Run on every worker by the backend of
+    `placement.rocm_torch_config_cls()`."""
     import ray
     import ray.train
 

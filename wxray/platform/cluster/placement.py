@@ -11,12 +11,12 @@ Ensemble actors and Tune trials may use both vendors at once (`actor_options(ven
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from dataclasses import dataclass, field
 
 import torch
-from ray.train.torch.config import TorchConfig, _TorchBackend
 
 from wxray.errors import ConfigError
 from wxray.platform.cluster.devices import apply_rocm_worker_env, select_local_device
@@ -291,19 +291,23 @@ def _in_ray_worker() -> bool:
         return False
 
 
-class _RocmTorchBackend(_TorchBackend):
-    """Ray's torch backend, after `devices.apply_rocm_worker_env` on every worker: it runs once the node's
-    GPU list is shared and before the process group or torch touches a GPU (a no-op off ROCm)."""
+@functools.cache
+def rocm_torch_config_cls() -> type:
+    """TorchConfig whose backend fixes ROCm device visibility first (see `devices.select_local_device`): Ray's
+    torch backend, after `devices.apply_rocm_worker_env` on every worker, which runs once the node's GPU list
+    is shared and before the process group or torch touches a GPU (a no-op off ROCm). Made on first use, so
+    importing this module does not import Ray Train."""
+    from ray.train.torch.config import TorchConfig, _TorchBackend
 
-    def on_start(self, worker_group, backend_config):
-        worker_group.execute(apply_rocm_worker_env)
-        super().on_start(worker_group, backend_config)
+    class _RocmTorchBackend(_TorchBackend):
+        def on_start(self, worker_group, backend_config):
+            worker_group.execute(apply_rocm_worker_env)
+            super().on_start(worker_group, backend_config)
 
+    @dataclass
+    class RocmTorchConfig(TorchConfig):
+        @property
+        def backend_cls(self):
+            return _RocmTorchBackend
 
-@dataclass
-class RocmTorchConfig(TorchConfig):
-    """TorchConfig whose backend fixes ROCm device visibility first (see `devices.select_local_device`)."""
-
-    @property
-    def backend_cls(self):
-        return _RocmTorchBackend
+    return RocmTorchConfig

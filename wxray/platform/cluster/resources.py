@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import ray
-from ray.train import ScalingConfig
-
 from wxray.errors import ConfigError
 from wxray.job import say
 from wxray.platform.cluster import placement
-from wxray.platform.cluster.placement import RocmTorchConfig
 from wxray.platform.cluster.scaling import ScalingCfg
 
 
 def ray_scaling_config(cfg: ScalingCfg):
     """Ray Train's ScalingConfig; a GPU run with a vendor is pinned to its nodes (label selector or resource)."""
+    from ray.train import ScalingConfig
+
     kwargs: dict = {"num_workers": cfg.num_workers, "use_gpu": cfg.use_gpu,
                     "resources_per_worker": {"CPU": cfg.cpus_per_worker}}
     if cfg.elastic:
@@ -33,10 +31,10 @@ def ray_scaling_config(cfg: ScalingCfg):
 
 def torch_config(cfg: ScalingCfg):
     """TorchTrainer's `torch_config`: None (Ray's default) except for GPU runs that may land on AMD nodes,
-    which get the ROCm device fix (`placement.RocmTorchConfig`, see `select_local_device`)."""
+    which get the ROCm device fix (`placement.rocm_torch_config_cls`, see `devices.select_local_device`)."""
     if not cfg.use_gpu or cfg.vendor == "nvidia":
         return None
-    return RocmTorchConfig()
+    return placement.rocm_torch_config_cls()()
 
 
 def check_cluster_fits(cfg: ScalingCfg, reserve_cpus: float = 0.0):
@@ -45,6 +43,8 @@ def check_cluster_fits(cfg: ScalingCfg, reserve_cpus: float = 0.0):
     A GPU run also gets its vendor here (`placement.resolve`): `scaling.vendor=any` becomes the vendor
     chosen, so the ScalingConfig built later pins the workers to the same nodes. Returns the Placement.
     """
+    import ray
+
     total = ray.cluster_resources()
     need_cpu = cfg.min_workers * cfg.cpus_per_worker + reserve_cpus  # an elastic run starts at its minimum
     if total.get("CPU", 0) < need_cpu:

@@ -19,32 +19,30 @@ import copy
 from typing import Any
 
 import numpy as np
-import ray.data
-from ray.train import DataConfig as RayDataConfig
 
 from wxray.data.e2e_windows import E2EData, E2EReader, ObsDataConfig
 from wxray.data.window_data import DataConfig, WindowData, prepare_windows
-from wxray.data.windows import SPLITS, WindowReader, WindowSpec
-
-
-def _read_windows(batch: dict[str, np.ndarray], spec: WindowSpec) -> dict[str, np.ndarray]:
-    return WindowReader(spec)(batch)  # the store itself is opened once per process (windows.open_lazy)
+from wxray.data.windows import SPLITS, WindowReader, WindowSpec, read_with
 
 
 def window_dataset(spec: WindowSpec, anchors: np.ndarray, read_batch_size: int = 4,
                    read_cpus: float = 0.25, num_blocks: int | None = None) -> Any:
     """A Ray Dataset yielding {"x", "y", "anchor"} rows for the given windows, in the given order."""
+    import ray.data
+
     items = [{"anchor": int(a)} for a in anchors]
     # One read call per block: per-task overhead is paid once per `read_batch_size` windows.
     n_blocks = num_blocks or -(-len(items) // read_batch_size)
     ds = ray.data.from_items(items, override_num_blocks=max(1, min(n_blocks, len(items) or 1)))
-    return ds.map_batches(_read_windows, fn_kwargs={"spec": spec}, batch_size=read_batch_size,
+    return ds.map_batches(read_with, fn_kwargs={"reader": WindowReader(spec)}, batch_size=read_batch_size,
                           batch_format="numpy", num_cpus=read_cpus)
 
 
 def build_datasets(cfg: DataConfig, data: WindowData | None = None) -> tuple[dict[str, Any], WindowData]:
     """Ray Datasets for every non-empty split, plus the window index they were built from."""
     # Per-operator bars from every read task drown the training log; the loop prints its own progress.
+    import ray.data
+
     ray.data.DataContext.get_current().enable_progress_bars = cfg.progress_bars
     data = data or prepare_windows(cfg)
     datasets = {s: window_dataset(data.spec, data.anchors[s], cfg.read_batch_size, cfg.read_cpus)
@@ -54,6 +52,8 @@ def build_datasets(cfg: DataConfig, data: WindowData | None = None) -> tuple[dic
 
 def exactly_once_data_config(datasets_to_split: list[str] | str = "all"):
     """A Ray Train DataConfig whose shards together hold every row exactly once per epoch."""
+    from ray.train import DataConfig as RayDataConfig
+
     class ExactlyOnceDataConfig(RayDataConfig):
         def configure(self, datasets, world_size, worker_handles, worker_node_ids, **kwargs):
             output = [{} for _ in range(world_size)]
@@ -72,19 +72,19 @@ def exactly_once_data_config(datasets_to_split: list[str] | str = "all"):
     return ExactlyOnceDataConfig(datasets_to_split=datasets_to_split)
 
 
-def _read_e2e(batch: dict[str, np.ndarray], reader: E2EReader) -> dict[str, np.ndarray]:
-    return reader(batch)
-
-
 def e2e_dataset(data: E2EData, anchors: np.ndarray, read_batch_size: int = 8, read_cpus: float = 0.25) -> Any:
+    import ray.data
+
     items = [{"anchor": int(a)} for a in anchors]
     n_blocks = max(1, min(-(-len(items) // read_batch_size), len(items) or 1))
     ds = ray.data.from_items(items, override_num_blocks=n_blocks)
-    return ds.map_batches(_read_e2e, fn_kwargs={"reader": E2EReader(data.spec, data.obs)},
+    return ds.map_batches(read_with, fn_kwargs={"reader": E2EReader(data.spec, data.obs)},
                           batch_size=read_batch_size, batch_format="numpy", num_cpus=read_cpus)
 
 
 def build_e2e_datasets(cfg: ObsDataConfig, data: E2EData) -> dict[str, Any]:
+    import ray.data
+
     ray.data.DataContext.get_current().enable_progress_bars = cfg.progress_bars
     return {s: e2e_dataset(data, data.windows.anchors[s], cfg.read_batch_size, cfg.read_cpus)
             for s in SPLITS if len(data.windows.anchors[s])}

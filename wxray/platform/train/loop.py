@@ -22,16 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import ray.train
 import torch
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
-)
-from torch.distributed.fsdp import fully_shard
-from torch.distributed.tensor import DTensor
 
 from wxray.models import latitude_weights
 from wxray.platform.cluster import devices, memory
@@ -87,20 +78,31 @@ def sample_schedule(cfg, n_train: int, world: int) -> tuple[int, int, float]:
     return total, warmup, cfg.optim.lr * world ** cfg.optim.lr_scaling
 
 
-_STATE = StateDictOptions(full_state_dict=True, cpu_offload=True)
+# torch.distributed.checkpoint and FSDP load only where a worker uses them (a job's --help and its input checks
+# stay fast): the same below for ray.train.
+def _state_options():
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=True, cpu_offload=True)
 
 
 def get_state(model, opt) -> tuple[dict, dict]:
-    return get_state_dict(model, opt, options=_STATE)
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    return get_state_dict(model, opt, options=_state_options())
 
 
 def set_state(model, opt, model_sd: dict, opt_sd: dict | None) -> None:
-    set_model_state_dict(model, model_sd, options=_STATE)
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+
+    set_model_state_dict(model, model_sd, options=_state_options())
     if opt_sd is not None:
-        set_optimizer_state_dict(model, opt, opt_sd, options=_STATE)
+        set_optimizer_state_dict(model, opt, opt_sd, options=_state_options())
 
 
 def is_sharded(model: torch.nn.Module) -> bool:
+    from torch.distributed.tensor import DTensor
+
     return any(isinstance(p, DTensor) for p in model.parameters())
 
 
@@ -108,6 +110,8 @@ def report_epoch(reporter: Reporter, model, opt, metrics: dict, rank: int, cfg, 
                  meta: dict) -> None:
     """The per-epoch report, with a checkpoint (rank 0 writes it; every rank takes part in gathering the
     state) every `checkpoint_every` epochs and after the last."""
+    import ray.train
+
     if (epoch + 1) % cfg.train.checkpoint_every and epoch != cfg.train.epochs - 1:
         reporter.report(metrics, step)
         return
@@ -130,6 +134,8 @@ def _fault_drill(cfg, epoch: int, rank: int, world: int, marker: Path) -> None:
 
 def _prepare(setup: LoopSetup, device, world: int) -> torch.nn.Module:
     """The task's module on `device`, sharded (FSDP2 per unit) or replicated (DDP) over `world` workers."""
+    from torch.distributed.fsdp import fully_shard
+
     cfg = setup.cfg
     torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank
     model = setup.task.build().to(device)
@@ -143,6 +149,8 @@ def _prepare(setup: LoopSetup, device, world: int) -> torch.nn.Module:
 
 
 def train_fn_per_worker(config: dict[str, Any]) -> None:
+    import ray.train
+
     setup: LoopSetup = config["setup"]
     cfg, task = setup.cfg, setup.task
     ctx = ray.train.get_context()

@@ -16,9 +16,6 @@ import re
 from pathlib import Path
 from typing import Any
 
-from ray.train import CheckpointConfig, FailureConfig, Result, RunConfig
-from ray.train.torch import TorchTrainer
-
 from wxray import errors
 from wxray.config import to_dict
 from wxray.errors import CheckpointError, WxrayError
@@ -58,10 +55,13 @@ def loop_setup(cfg, task: Task, identity: dict[str, Any], ctx: JobContext, *, n_
 
 
 def make_trainer(setup: LoopSetup, datasets: dict[str, Any], out_dir: Path,
-                 callbacks: list | None = None) -> TorchTrainer:
+                 callbacks: list | None = None):
     """The `TorchTrainer` of a training run; Ray Train's storage is `<out_dir>/ray`, run name `train`, so a
     re-run into the same directory (a resumed job, a restored Tune trial) finds its checkpoints.
     `callbacks`: Ray Train callbacks (a Tune trial passes TuneReportCallback)."""
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig
+    from ray.train.torch import TorchTrainer
+
     cfg = setup.cfg
     return TorchTrainer(
         train_fn_per_worker,
@@ -79,9 +79,10 @@ def make_trainer(setup: LoopSetup, datasets: dict[str, Any], out_dir: Path,
     )
 
 
-def fit(setup: LoopSetup, datasets: dict[str, Any], out_dir: Path, callbacks: list | None = None) -> Result:
+def fit(setup: LoopSetup, datasets: dict[str, Any], out_dir: Path, callbacks: list | None = None):
     """Run the training on Ray Train with the workers' console lines shown here; a failure is one line
     (`training_error`), a run without a checkpoint a CheckpointError."""
+
     with ProgressPrinter() as progress:
         trainer = make_trainer(dataclasses.replace(setup, progress=progress.queue), datasets, out_dir, callbacks)
         try:
