@@ -111,11 +111,14 @@ ray-down:
 	@if [ -f $(HEAD_PID) ]; then kill $$(cat $(HEAD_PID)) 2>/dev/null || true; rm -f $(HEAD_PID); \
 		echo "stopped the Ray head started by make ray-up"; else echo "no Ray head started by make ray-up"; fi
 
+# Two pytest workers: the tests that start Ray clusters or job processes of their own (marker own_cluster) run in
+# one, beside the rest, which share the session's one Ray cluster in the other (tests/conftest.py).
+PYTEST_PARALLEL ?= -n 2 --dist loadgroup
 test: setup
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(PYTEST_PARALLEL) $(PYTEST_ARGS)
 
 test-fast: setup
-	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "not slow" $(PYTEST_PARALLEL) $(PYTEST_ARGS)
 
 lint: setup
 	$(BIN)/ruff check wxray jobs tests benchmarks

@@ -20,6 +20,10 @@ os.environ.pop("RAY_ADDRESS", None)
 def pytest_collection_modifyitems(config, items):
     import torch
 
+    # Under `make test` (pytest -n 2 --dist loadgroup) the tests that start Ray clusters or job processes of their
+    # own run in one worker, everything else in the other, which holds the one session cluster (ray_session).
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group("own_cluster" if "own_cluster" in item.keywords else "session"))
     if torch.cuda.is_available():
         return
     no_gpu = pytest.mark.skipif(True, reason="needs a CUDA/ROCm device")
