@@ -111,9 +111,9 @@ ray-down:
 	@if [ -f $(HEAD_PID) ]; then kill $$(cat $(HEAD_PID)) 2>/dev/null || true; rm -f $(HEAD_PID); \
 		echo "stopped the Ray head started by make ray-up"; else echo "no Ray head started by make ray-up"; fi
 
-# Two pytest workers: the tests that start Ray clusters or job processes of their own (marker own_cluster) run in
-# one, beside the rest, which share the session's one Ray cluster in the other (tests/conftest.py).
-PYTEST_PARALLEL ?= -n 2 --dist loadgroup
+# Two pytest workers, a test file each at a time (its fixtures built once), each with its own session Ray cluster:
+# most of a Ray test's time is spent waiting for processes to start, so two run side by side on two cores.
+PYTEST_PARALLEL ?= -n 2 --dist loadfile --no-loadscope-reorder
 test: setup
 	$(BIN)/python -m pytest $(PYTEST_PARALLEL) $(PYTEST_ARGS)
 

@@ -20,10 +20,10 @@ os.environ.pop("RAY_ADDRESS", None)
 def pytest_collection_modifyitems(config, items):
     import torch
 
-    # Under `make test` (pytest -n 2 --dist loadgroup) the tests that start Ray clusters or job processes of their
-    # own run in one worker, everything else in the other, which holds the one session cluster (ray_session).
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group("own_cluster" if "own_cluster" in item.keywords else "session"))
+    # Under `make test` (pytest -n 2 --dist loadfile --no-loadscope-reorder) the files go to the two workers in
+    # this order: those with multi-process Ray tests first, so that the long ones do not start last.
+    slow_files = {item.path for item in items if "slow" in item.keywords}
+    items.sort(key=lambda item: item.path not in slow_files)
     if torch.cuda.is_available():
         return
     no_gpu = pytest.mark.skipif(True, reason="needs a CUDA/ROCm device")
@@ -34,7 +34,7 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def ray_session(tmp_path_factory):
-    """The one Ray cluster of the test session (2 CPUs, as on the CI machine)."""
+    """The one Ray cluster of the test session (2 CPUs, as on the CI machine); one per pytest worker."""
     import ray
 
     if not ray.is_initialized():

@@ -71,7 +71,6 @@ def _history(db: str, run_id: str, key: str) -> list[float]:
 
 
 @pytest.mark.slow
-@pytest.mark.own_cluster
 def test_elastic_run_loses_a_node_continues_smaller_and_finishes(tmp_path):
     start = time.monotonic()
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # its own cluster, not the session's

@@ -50,7 +50,6 @@ def _stop(proc: subprocess.Popen) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.own_cluster
 def test_train_job_runs_under_ray_job_submit_and_logs_to_an_mlflow_server(tmp_path):
     bin_dir = Path(sys.executable).parent
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ.get('PATH', '')}", "RAY_AUTH_MODE": "token"}

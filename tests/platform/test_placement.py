@@ -250,7 +250,6 @@ cluster.shutdown()
 
 
 @pytest.mark.slow
-@pytest.mark.own_cluster
 def test_vendors_on_a_local_multi_node_cluster(tmp_path):
     """A `ray.cluster_utils.Cluster` in a subprocess (its own ray.init must not touch the session cluster)."""
     start = time.monotonic()

@@ -43,7 +43,6 @@ def _result(out: str) -> dict | None:
 
 
 @pytest.mark.slow
-@pytest.mark.own_cluster
 def test_sweep_stops_early_tracks_children_and_restores_after_a_kill(wave_store, tmp_path):
     out, db = tmp_path / "sweep", f"sqlite:///{tmp_path}/m.db"
     argv = [sys.executable, str(ROOT / "jobs/sweep.py"), "--config", str(_sweep_yaml(tmp_path / "s.yaml", wave_store)),

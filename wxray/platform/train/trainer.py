@@ -130,6 +130,8 @@ def training_error(e: BaseException) -> WxrayError:
 
 def _first_line(e: BaseException) -> str:
     lines = [ln.strip() for ln in str(e).splitlines() if ln.strip() and not ln.startswith("Traceback")]
+    if len(lines) > 1 and lines[0] == "Failed to set up runtime environment.":
+        return f"{lines[0]} {lines[1]}"  # Ray's RuntimeEnvSetupError says why on its second line
     return lines[0] if lines else type(e).__name__
 
 
