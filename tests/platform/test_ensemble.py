@@ -123,6 +123,7 @@ def _anova(fields: np.ndarray, lead: int, clip=True):
     return nested_anova(da, clip=clip)
 
 
+@pytest.mark.slow  # actors killed and restarted: multi-process Ray, as the other slow tests
 def test_actors_kill_and_resume_give_the_same_members_and_moments_the_same_split(ray_session, setup, tmp_path,
                                                                                     monkeypatch):
     from wxray.platform.ensemble import store as ensemble_store
