@@ -30,8 +30,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import xarray as xr
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
 
 from wxray.data.schema import INIT, LEAD
 from wxray.errors import DataError
@@ -45,6 +43,7 @@ from wxray.verify.inference import (
     correlation_length,
     hac_interval,
 )
+from wxray.verify.plots import figure
 from wxray.verify.spatial import spatial_mean
 from wxray.verify.variance_plots import channels
 
@@ -89,12 +88,6 @@ def relative_change(base: Mapping[str, np.ndarray], denied: Mapping[str, np.ndar
                                confidence=confidence, seed=seed)
 
 
-def _figure(ncols: int, figsize: tuple[float, float]):
-    fig = Figure(figsize=figsize, layout="constrained")
-    FigureCanvasAgg(fig)
-    return fig, np.atleast_1d(fig.subplots(1, ncols, squeeze=False)[0])
-
-
 def components(members_r: int) -> tuple[str, ...]:
     """The variance components an OSE compares: U_route only where routing is a level (R > 1)."""
     return SPLIT_COMPONENTS if members_r > 1 else SPLIT_COMPONENTS[:2]
@@ -132,7 +125,7 @@ def plot_ose(table: pd.DataFrame, ranking: list[str], rank_hours: float, folder:
     comps = [c for c in SPLIT_COMPONENTS if c in set(table.component)]
     folder.mkdir(parents=True, exist_ok=True)
     at = table[table.lead_hours == rank_hours].set_index(["stream", "component"])
-    fig, (ax,) = _figure(1, (1.2 * len(ranking) + 2.5, 3.2))
+    fig, ((ax,),) = figure(1, 1, 1.2 * len(ranking) + 2.5, 3.2)
     x = np.arange(len(ranking))
     width = 0.8 / len(comps)
     for k, (c, color) in enumerate(zip(comps, ("tab:blue", "tab:orange", "tab:green"), strict=False)):
@@ -147,7 +140,7 @@ def plot_ose(table: pd.DataFrame, ranking: list[str], rank_hours: float, folder:
     ax.legend(fontsize=8)
     paths = [folder / "ose_ranking.png"]
     fig.savefig(paths[0], dpi=90)
-    fig, axes = _figure(len(comps), (4.5 * len(comps), 3.2))
+    fig, (axes,) = figure(1, len(comps), 4.5, 3.2)
     for ax, c in zip(axes, comps, strict=True):
         for s in ranking:
             part = table[(table.stream == s) & (table.component == c)]

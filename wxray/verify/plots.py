@@ -39,7 +39,9 @@ UNIT_POWER = {m.name: m.unit_power for m in _ALL}
 DOT = "significant (Diebold-Mariano, p < {:g})"
 
 
-def _figure(nrows: int, ncols: int, w: float = 4.0, h: float = 3.0):
+def figure(nrows: int, ncols: int, w: float = 4.0, h: float = 3.0):
+    """A figure of its own with a (nrows, ncols) grid of w x h inch panels (no pyplot state: nothing global
+    changes when a job plots)."""
     fig = Figure(figsize=(w * ncols, h * nrows), layout="constrained")
     FigureCanvasAgg(fig)
     axes = np.atleast_2d(fig.subplots(nrows, ncols, squeeze=False))
@@ -120,7 +122,7 @@ def _line(ax, x, sel: xr.Dataset, prefix: str, label: str, color: str, significa
 def plot_metric(ds: xr.Dataset, metric: str) -> Figure:
     """Score vs lead per channel with its interval band; with a baseline, markers filled where significant."""
     channels = ds["channel"].values
-    fig, axes = _figure(*_grid(len(channels)))
+    fig, axes = figure(*_grid(len(channels)))
     x = _hours(ds)
     compared = "baseline_value" in ds
     level = float(ds.attrs.get("significance", 0.05))
@@ -143,7 +145,7 @@ def plot_metric(ds: xr.Dataset, metric: str) -> Figure:
 
 def plot_spread_skill(ds: xr.Dataset) -> Figure:
     channels = ds["channel"].values
-    fig, axes = _figure(*_grid(len(channels)))
+    fig, axes = figure(*_grid(len(channels)))
     x = _hours(ds)
     kinds = [("ssr", "total", "tab:blue"), ("ssr_total", "all branches", "tab:purple"),
              ("ssr_enc", "encoder branch", "tab:orange"), ("ssr_drop", "dropout branch", "tab:green"),
@@ -162,7 +164,7 @@ def plot_spread_skill(ds: xr.Dataset) -> Figure:
 
 def plot_rank_histograms(ds: xr.Dataset) -> Figure:
     channels, leads = ds["channel"].values, _shown_leads(ds)
-    fig, axes = _figure(len(channels), len(leads), 3.0, 2.4)
+    fig, axes = figure(len(channels), len(leads), 3.0, 2.4)
     ranks = ds["rank"].values
     for r, ch in enumerate(channels):
         for c, j in enumerate(leads):
@@ -180,7 +182,7 @@ def plot_maps(ds: xr.Dataset, channel: str) -> Figure:
     """Time-mean CRPS (MAE for a one-member forecast) and, for an ensemble, spread maps at up to four leads."""
     kinds = [k for k in MAP_NAMES if k in ds]
     leads = _shown_leads(ds)
-    fig, axes = _figure(len(leads), len(kinds), 4.5, 2.6)
+    fig, axes = figure(len(leads), len(kinds), 4.5, 2.6)
     lon, lat = ds[LON].values, ds[LAT].values
     units = units_of(ds, channel)
     for r, j in enumerate(leads):
@@ -200,7 +202,7 @@ def plot_heatmap(ds: xr.Dataset, metric: str) -> Figure:
     sig = ds["significant"].sel(metric=metric).transpose("channel", LEAD).values == 1
     channels, hours = [str(c) for c in ds["channel"].values], _hours(ds)
     higher = bool(ds["higher_is_better"].sel(metric=metric))
-    fig, axes = _figure(1, 1, max(6.0, 2.5 + 0.8 * len(hours)), max(3.6, 1.8 + 0.45 * len(channels)))
+    fig, axes = figure(1, 1, max(6.0, 2.5 + 0.8 * len(hours)), max(3.6, 1.8 + 0.45 * len(channels)))
     ax = axes[0, 0]
     finite = np.abs(rel[np.isfinite(rel)])
     lim = float(finite.max()) if finite.size and finite.max() > 0 else 1.0

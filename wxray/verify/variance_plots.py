@@ -11,18 +11,10 @@ from pathlib import Path
 
 import numpy as np
 import xarray as xr
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
 
 from wxray.data.schema import LEAD, LEVEL
+from wxray.verify.plots import figure
 from wxray.verify.variance import COMPONENT
-
-
-def _figure(nrows: int, ncols: int, figsize: tuple[float, float]):
-    """A figure of its own (no pyplot state: nothing global changes when a job plots)."""
-    fig = Figure(figsize=figsize, layout="constrained")
-    FigureCanvasAgg(fig)
-    return fig, fig.subplots(nrows, ncols, squeeze=False)
 
 
 def lead_hours(leads) -> list[float]:
@@ -51,7 +43,7 @@ def plot_maps(maps: xr.Dataset, folder: Path) -> list[Path]:
         for name, sel in channels(da, var):
             field = da.sel(sel)
             comps = list(field[COMPONENT].values)
-            fig, axes = _figure(len(comps), len(leads), (3.2 * len(leads), 1.9 * len(comps)))
+            fig, axes = figure(len(comps), len(leads), 3.2, 1.9)
             for r, comp in enumerate(comps):
                 values = field.sel({COMPONENT: comp}).isel({LEAD: leads})
                 # the maps hold unbiased init means, slightly negative where a true share is ~0: the colour
@@ -72,7 +64,7 @@ def plot_maps(maps: xr.Dataset, folder: Path) -> list[Path]:
 
 def plot_curves(curves: xr.Dataset, folder: Path) -> Path:
     names = [(var, name, sel) for var, da in curves.data_vars.items() for name, sel in channels(da, var)]
-    fig, axes = _figure(1, len(names), (3.6 * len(names), 3.0))
+    fig, axes = figure(1, len(names), 3.6, 3.0)
     hours = lead_hours(curves[LEAD].values)
     for ax, (var, name, sel) in zip(axes[0], names, strict=True):
         da = curves[var].sel(sel)

@@ -16,6 +16,7 @@ the end-to-end processor stage); the end-to-end stages are `stages.StageTask`, t
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -36,23 +37,23 @@ from wxray.platform.train.batches import lockstep_batches
 TRANSFORMER_BLOCKS = (Block, EDMBlock)
 
 
-class Task:
+class Task(ABC):
     """The protocol of the module docstring; a subclass defines build, loss and validate."""
 
     spec: WindowSpec
     label: str = ""
     aux_weight: float = 0.0  # weight of `loss`'s auxiliary term in the backward pass
 
-    def build(self) -> nn.Module:
-        raise NotImplementedError
+    @abstractmethod
+    def build(self) -> nn.Module: ...
 
+    @abstractmethod
     def loss(self, model: nn.Module, batch: dict, lat_w: torch.Tensor,
-             generator) -> tuple[torch.Tensor, torch.Tensor | None]:
-        raise NotImplementedError
+             generator) -> tuple[torch.Tensor, torch.Tensor | None]: ...
 
+    @abstractmethod
     def validate(self, model: nn.Module, batches: Iterable[dict], lat_w: torch.Tensor, device, world: int, dtype,
-                 dummy: dict, final: bool) -> dict[str, float]:
-        raise NotImplementedError
+                 dummy: dict, final: bool) -> dict[str, float]: ...
 
     def shard_units(self, model: nn.Module) -> list[nn.Module]:
         return [m for m in model.modules() if isinstance(m, TRANSFORMER_BLOCKS)]
