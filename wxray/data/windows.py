@@ -374,8 +374,3 @@ def to_physical(spec: WindowSpec, y_norm, x_norm):
         y = y + last * per_channel(spec.in_std[base], y) + per_channel(spec.in_mean[base], y)
     return y
 
-
-def read_with(batch: dict[str, np.ndarray], reader) -> dict[str, np.ndarray]:
-    """`reader(batch)`: the read function of a Ray Data `map_batches` over window anchors. Here, not in the Ray
-    layer, so a read task imports only what reading needs."""
-    return reader(batch)

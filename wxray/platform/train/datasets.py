@@ -22,7 +22,7 @@ import numpy as np
 
 from wxray.data.e2e_windows import E2EData, E2EReader, ObsDataConfig
 from wxray.data.window_data import DataConfig, WindowData, prepare_windows
-from wxray.data.windows import SPLITS, WindowReader, WindowSpec, read_with
+from wxray.data.windows import SPLITS, WindowReader, WindowSpec
 
 
 def window_dataset(spec: WindowSpec, anchors: np.ndarray, read_batch_size: int = 4,
@@ -34,7 +34,8 @@ def window_dataset(spec: WindowSpec, anchors: np.ndarray, read_batch_size: int =
     # One read call per block: per-task overhead is paid once per `read_batch_size` windows.
     n_blocks = num_blocks or -(-len(items) // read_batch_size)
     ds = ray.data.from_items(items, override_num_blocks=max(1, min(n_blocks, len(items) or 1)))
-    return ds.map_batches(read_with, fn_kwargs={"reader": WindowReader(spec)}, batch_size=read_batch_size,
+    # the reader itself is the batch function: a read task unpickles it and imports only wxray.data
+    return ds.map_batches(WindowReader(spec), batch_size=read_batch_size,
                           batch_format="numpy", num_cpus=read_cpus)
 
 
@@ -78,7 +79,7 @@ def e2e_dataset(data: E2EData, anchors: np.ndarray, read_batch_size: int = 8, re
     items = [{"anchor": int(a)} for a in anchors]
     n_blocks = max(1, min(-(-len(items) // read_batch_size), len(items) or 1))
     ds = ray.data.from_items(items, override_num_blocks=n_blocks)
-    return ds.map_batches(read_with, fn_kwargs={"reader": E2EReader(data.spec, data.obs)},
+    return ds.map_batches(E2EReader(data.spec, data.obs),
                           batch_size=read_batch_size, batch_format="numpy", num_cpus=read_cpus)
 
 
