@@ -64,13 +64,14 @@ def test_train_job_runs_under_ray_job_submit_and_logs_to_an_mlflow_server(tmp_pa
                                "--artifacts-destination", str(tmp_path / "server-artifacts"), "--workers", "1"],
                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     tracking = f"http://127.0.0.1:{mlflow_port}"
-    # --block: the head's processes die with this one, so the test never needs `ray stop` (which would
-    # also stop the test session's own cluster). Its own agent port: the session cluster holds the default.
+    # --block in a session of its own: the head's processes are one process group, stopped together, so the
+    # test never needs `ray stop` (which would also stop the test session's own cluster). Its own agent port:
+    # the session cluster holds the default.
     head = subprocess.Popen([str(bin_dir / "ray"), "start", "--head", "--block", f"--port={gcs}",
                              f"--dashboard-port={dash}", f"--dashboard-agent-listen-port={agent}",
                              "--num-cpus=2", "--disable-usage-stats",
                              "--include-dashboard=true"], env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+                            stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         address = f"http://127.0.0.1:{dash}"
         _wait_for(f"{address}/api/version", head, "the Ray dashboard")  # its job server takes a while
@@ -120,11 +121,10 @@ def test_train_job_runs_under_ray_job_submit_and_logs_to_an_mlflow_server(tmp_pa
         assert not (home / "runs" / "mlflow.db").exists()  # over HTTP, never a local sqlite file
     finally:
         _stop(server)
-        head.terminate()
-        try:
-            head.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            head.kill()
+        # The job is over and its run checked: the head's processes go at once (a SIGTERM'd head drains for
+        # about 30 s), all of them, being the process group of `ray start --block`.
+        os.killpg(head.pid, signal.SIGKILL)
+        head.wait(timeout=60)
         # `ray start` records its address for later `ray.init()` calls; the cluster is gone now.
         current = Path("/tmp/ray/ray_current_cluster")
         if current.exists() and current.read_text().strip().endswith(f":{gcs}"):

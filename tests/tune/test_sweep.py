@@ -1,5 +1,6 @@
 """jobs/sweep.py on a local 2-CPU Ray cluster: ASHA stops trials early, MLflow child runs under the sweep's
-parent run, the best config loads back into the training job, a killed sweep restores and finishes the rest."""
+parent run, the best config loads back into the training job, a killed sweep restores (ASHA's rungs too) and
+finishes the rest."""
 
 from __future__ import annotations
 
@@ -28,10 +29,10 @@ def _sweep_yaml(path: Path, store: Path, **extra) -> Path:
     cfg = {"overrides": {"data.store": str(store), "data.generate_sample": False, "model.embed_dim": 16,
                          "model.depth": 3, "model.split": [1, 1, 1], "model.num_heads": 2, "data.batch_size": 4,
                          "optim.warmup_steps": 3, "train.epochs": 2, "train.rollout_steps": 0},
-           # lr 1e-7 hardly moves from the initial weights: a poor trial that a good one precedes in grid order
-           # after the restore too (ASHA's state starts afresh there), so ASHA (a rung at epoch 1) has a trial
-           # to stop; a second axis of one value
-           "space": {"model.keep_ratio": {"grid": [0.5]}, "optim.lr": {"grid": [3.0e-3, 2.0e-3, 1.0e-7]}},
+           # lr 1e-7 hardly moves from the initial weights: a poor trial after a good one in grid order, which
+           # ASHA (a rung at epoch 1) stops after the restore on the good one's rung, recorded before the kill;
+           # a second axis of one value
+           "space": {"model.keep_ratio": {"grid": [0.5]}, "optim.lr": {"grid": [3.0e-3, 1.0e-7]}},
            "metric": "val/loss", "grace_period": 1, "reduction_factor": 2, **extra}
     path.write_text(dump_yaml(cfg))
     return path
@@ -69,8 +70,8 @@ def test_sweep_stops_early_tracks_children_and_restores_after_a_kill(wave_store,
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
     assert "restoring the sweep" in second.stdout
     res = _result(second.stdout)
-    assert res["trials"] == 3 and res["failed"] == 0
-    assert res["stopped_early"] >= 1 and res["finished"] >= 1, res
+    assert res["trials"] == 2 and res["failed"] == 0
+    assert res["stopped_early"] == 1 and res["finished"] == 1, res  # ASHA's rungs outlived the kill
     assert done_before[0].stat().st_mtime_ns == stamp  # the finished trial was not run again
 
     # MLflow: one parent run, one child per trial (none duplicated by the restore); stopped ones tagged.
@@ -80,7 +81,7 @@ def test_sweep_stops_early_tracks_children_and_restores_after_a_kill(wave_store,
     parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
     children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == res["mlflow_run_id"]]
     assert len(parents) == 1 and parents[0].info.run_id == res["mlflow_run_id"]
-    assert len(children) == 3, [c.info.run_name for c in children]
+    assert len(children) == 2, [c.info.run_name for c in children]
     table = pd.read_csv(res["results"])
     assert set(table["trial_id"]) == {c.info.run_name.split(":")[0] for c in children}
     first_id = done_before[0].parent.name

@@ -13,9 +13,10 @@ created once, its id kept in the trial directory, so a restored sweep continues 
 Resources: a trial is one Tune actor (`TRIAL_CPUS`, it only drives) plus its Train workers and data reads,
 which Tune does not see; `max_concurrent_trials` is derived from the cluster and those per-trial needs.
 A sqlite tracking store takes one writer at a time: with it trials run one after another (say so), an MLflow
-server (tracking.uri=http://...) lets them run side by side. ASHA's state is not part of a restore: the
-restored sweep judges the remaining trials on the results reported after it. ASHA's stop reaches a trial
-as a request it obeys after that epoch (tune/stopping.py), never as a killed actor.
+server (tracking.uri=http://...) lets them run side by side. ASHA's rungs are part of a restore (Tune's own
+restore keeps no scheduler state): the restored sweep judges the remaining trials against every result
+reported before the interruption too. ASHA's stop reaches a trial as a request it obeys after that epoch
+(tune/stopping.py), never as a killed actor.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from wxray.tune.calibration import forecast_trial_fn
 from wxray.tune.checks import check_metric, concurrency, trial_resources
 from wxray.tune.config import SweepConfig
 from wxray.tune.space import Axis, n_trials, param_space, parse_space, trial_config
-from wxray.tune.stopping import cooperative_asha
+from wxray.tune.stopping import RUNGS, cooperative_asha
 from wxray.tune.trials import ID_FILE, label, trial_fn
 
 __all__ = ["SweepConfig", "sweep"]
@@ -76,14 +77,17 @@ def run_sweep(cfg: SweepConfig, ctx: JobContext, axes: list[Axis], trial_cfgs: l
     fn = forecast_trial_fn if cfg.job == "forecast_e2e" else trial_fn
     trainable = tune.with_resources(fn, trial_resources(trial_cfgs[0]))
     epochs = max_epochs(trial_cfgs)
-    scheduler = (cooperative_asha(time_attr="epoch", max_t=epochs, grace_period=min(cfg.grace_period, epochs),
-                                  reduction_factor=cfg.reduction_factor)
+    restoring = tune.Tuner.can_restore(str(tune_dir))
+    if not restoring:  # rungs of an earlier sweep in this folder are not this one's
+        (sweep_dir / RUNGS).unlink(missing_ok=True)
+    scheduler = (cooperative_asha(sweep_dir, time_attr="epoch", max_t=epochs,
+                                  grace_period=min(cfg.grace_period, epochs), reduction_factor=cfg.reduction_factor)
                  if cfg.scheduler == "asha" else FIFOScheduler())
     total = n_trials(axes, cfg.num_samples)
     run_config = tune.RunConfig(name="tune", storage_path=str(sweep_dir), verbose=0,
                                 callbacks=[progress_callback(total, epochs, cfg.metric)],
                                 failure_config=tune.FailureConfig(max_failures=0))
-    if tune.Tuner.can_restore(str(tune_dir)):
+    if restoring:
         say(f"restoring the sweep in {tune_dir}: finished trials are kept, the others run or resume")
         tuner = tune.Tuner.restore(str(tune_dir), trainable=trainable, resume_unfinished=True,
                                    resume_errored=True, param_space=_space(cfg, axes, ctx, base))

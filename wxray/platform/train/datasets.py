@@ -52,7 +52,10 @@ def build_datasets(cfg: DataConfig, data: WindowData | None = None) -> tuple[dic
 
 
 def exactly_once_data_config(datasets_to_split: list[str] | str = "all"):
-    """A Ray Train DataConfig whose shards together hold every row exactly once per epoch."""
+    """A Ray Train DataConfig whose shards together hold every row exactly once per epoch.
+
+    A single worker holds every row: it iterates the dataset itself (as Ray Train does for a dataset it does
+    not split), with no split-coordinator actor between it and the read tasks."""
     from ray.train import DataConfig as RayDataConfig
 
     class ExactlyOnceDataConfig(RayDataConfig):
@@ -62,7 +65,7 @@ def exactly_once_data_config(datasets_to_split: list[str] | str = "all"):
             for name, ds in datasets.items():
                 ds = ds.copy(ds)
                 ds.context.execution_options = copy.deepcopy(self._resolve_execution_options(name))
-                if name in names:
+                if name in names and world_size > 1:
                     for i, split in enumerate(ds.streaming_split(world_size, equal=False)):
                         output[i][name] = split
                 else:
