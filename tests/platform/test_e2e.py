@@ -1,4 +1,5 @@
-"""The end-to-end system on Ray: observation windows sharded exactly once, the four stages, forecast and scoring."""
+"""The end-to-end system on Ray: the four stages, forecast and scoring (observation windows sharded exactly once:
+tests/platform/test_datasets.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ import json
 
 import numpy as np
 import pandas as pd
-import pyarrow.dataset as pads
 import pytest
 import torch
 import xarray as xr
@@ -19,7 +19,6 @@ from wxray.data.schema import open_store
 from wxray.errors import CheckpointError, ConfigError
 from wxray.job import run_job
 from wxray.platform.inference.forecast_e2e import ForecastE2EConfig, forecast_e2e
-from wxray.platform.train.datasets import build_e2e_datasets, exactly_once_data_config
 from wxray.platform.train.e2e import initial_weights, train_e2e
 from wxray.platform.train.stage_config import TrainE2EConfig
 from wxray.platform.train.stochastic import FinetuneStochasticConfig, finetune_stochastic
@@ -34,47 +33,6 @@ TINY = ["encoder.hidden=8", "encoder.embed_dim=16", "encoder.depth=1", "encoder.
 
 def _data_cfg(small_store, small_obs, **kw) -> ObsDataConfig:
     return ObsDataConfig(store=str(small_store), obs_dir=str(small_obs.obs_dir), history=1, lead_steps=1, **kw)
-
-
-def _ids_loop(config):
-    import ray.train
-
-    rank = ray.train.get_context().get_world_rank()
-    shard = ray.train.get_dataset_shard("train")
-    for epoch in range(2):
-        seen = []
-        for batch in shard.iter_torch_batches(batch_size=3):
-            ids = batch["obs.stations.id"].numpy().ravel()
-            seen.extend(int(i) for i in ids[ids >= 0])
-        with open(f"{config['out']}/rank{rank}_epoch{epoch}.json", "w") as f:
-            json.dump(seen, f)
-
-
-@pytest.mark.slow
-def test_two_workers_read_every_observation_once_per_epoch(ray_session, small_store, small_obs, tmp_path):
-    from ray.train import RunConfig, ScalingConfig
-    from ray.train.torch import TorchTrainer
-
-    cfg = _data_cfg(small_store, small_obs, split_fractions=(1.0, 0.0, 0.0), read_batch_size=2)
-    data = prepare_e2e(cfg, patch_size=2)
-    datasets = build_e2e_datasets(cfg, data)
-    # every good station report at an analysis time of a training window (stations report at the store steps)
-    times = open_store(small_store).time.values[data.windows.anchors["train"]]
-    table = pads.dataset(small_obs.obs_dir / "points" / "stream=stations", partitioning="hive").to_table().to_pandas()
-    expected = sorted(table.obs_id[(table.quality == 0) & table.time.isin(times)].tolist())
-    assert len(expected) > 100
-    out = tmp_path / "seen"
-    out.mkdir()
-    TorchTrainer(_ids_loop, train_loop_config={"out": str(out)},
-                 scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 0.5}),
-                 run_config=RunConfig(storage_path=str(tmp_path / "ray"), name="obs"),
-                 datasets={"train": datasets["train"]}, dataset_config=exactly_once_data_config()).fit()
-    for epoch in range(2):
-        per_rank = [json.loads((out / f"rank{r}_epoch{epoch}.json").read_text()) for r in range(2)]
-        assert all(per_rank), "both workers get windows"
-        together = per_rank[0] + per_rank[1]
-        assert len(together) == len(set(together)), "an observation was read twice in one epoch"
-        assert sorted(together) == expected, "an observation was skipped"
 
 
 def test_reader_rows_join_the_state_static_fields_and_observations(small_store, small_obs):

@@ -69,13 +69,26 @@ class Reporter:
         sys.__stdout__.flush()
 
 
+_QUEUES: dict[str, Any] = {}  # one queue actor per driver and Ray session: a run after the first reuses it
+
+
+def _driver_queue():
+    import ray
+    from ray.util.queue import Queue
+
+    key = ray.get_runtime_context().get_job_id() + "@" + ray.get_runtime_context().gcs_address
+    if key not in _QUEUES:
+        _QUEUES.clear()  # those of an earlier Ray session died with it
+        _QUEUES[key] = Queue(actor_options={"num_cpus": 0})
+    return _QUEUES[key]
+
+
 class ProgressPrinter:
-    """Driver side of `Reporter.say`: a queue actor (no CPU) and a thread printing what arrives."""
+    """Driver side of `Reporter.say`: a queue actor (no CPU; the driver's, kept for its later runs, and gone
+    with the driver) and a thread printing what arrives."""
 
     def __init__(self, prefix: str = "wxray: "):
-        from ray.util.queue import Queue
-
-        self.queue = Queue(actor_options={"num_cpus": 0})
+        self.queue = _driver_queue()
         self.prefix = prefix
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -105,12 +118,6 @@ class ProgressPrinter:
         self._stop.set()
         self._thread.join(timeout=5)
         while self._drain(0.1):  # lines still in flight when training ended
-            pass
-        import ray
-
-        try:
-            ray.kill(self.queue.actor)
-        except Exception:
             pass
 
 
