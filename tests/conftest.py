@@ -17,6 +17,23 @@ os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
 os.environ.pop("RAY_ADDRESS", None)
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# The S3 endpoint of this session (`s3_server`): fixed before any Ray process starts, so that Ray's workers
+# inherit it as a user's would from the standard chain. Fake credentials, and nothing beyond loopback.
+S3_ENDPOINT = f"http://127.0.0.1:{_free_port()}"
+for _var in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3", "WXRAY_ANONYMOUS"):
+    os.environ.pop(_var, None)
+os.environ.update(AWS_ENDPOINT_URL=S3_ENDPOINT, AWS_ACCESS_KEY_ID="wxray-test", AWS_SECRET_ACCESS_KEY="wxray-test",
+                  AWS_DEFAULT_REGION="us-east-1")
+
+
 def pytest_collection_modifyitems(config, items):
     import torch
 
@@ -87,3 +104,30 @@ def wave_store(tmp_path_factory):
     path = tmp_path_factory.mktemp("store") / "waves.zarr"
     write_tiny_store(path, n_traj=4, steps=20, grid=(8, 16), levels=(500,))
     return path
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """An S3-compatible server (moto's server mode) on 127.0.0.1 at S3_ENDPOINT, started here, stopped at the
+    end of the session; one per pytest worker."""
+    import logging
+
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request otherwise
+    port = int(S3_ENDPOINT.rsplit(":", 1)[1])
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    yield S3_ENDPOINT
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def s3_wave_store(s3_server, wave_store):
+    """`wave_store` uploaded as it is to s3://era5/waves.zarr."""
+    from wxray.data import location
+
+    fs, _ = location.filesystem("s3://era5")
+    fs.mkdir("era5")
+    fs.put(str(wave_store), "era5/waves.zarr", recursive=True)
+    return "s3://era5/waves.zarr"

@@ -33,7 +33,8 @@ from pathlib import Path
 import numpy as np
 import xarray as xr
 
-from wxray.errors import DataError
+from wxray.data import location
+from wxray.errors import ConfigError, DataError
 
 TIME, LEVEL, LAT, LON = "time", "level", "latitude", "longitude"
 INIT, LEAD, MEMBER = "init_time", "lead_time", "member"  # the forecast convention: init x lead [x member]
@@ -190,13 +191,19 @@ def time_step(ds: xr.Dataset) -> np.timedelta64:
 
 
 def open_store(path: str | Path) -> xr.Dataset:
-    """Open a store (lazily) and check the conventions above."""
-    p = Path(path)
-    if not p.exists():
+    """Open a store (lazily; a local path or a URL, `wxray.data.location`) and check the conventions above."""
+    p = str(path)
+    try:
+        found = location.exists(p)
+    except ConfigError:
+        raise
+    except Exception as e:  # an unreachable endpoint, refused credentials, a missing bucket
+        raise DataError(f"store {p}: cannot be reached ({type(e).__name__}: {e})".splitlines()[0]) from None
+    if not found:
         raise DataError(f"store {p} does not exist "
                         f"(make one with jobs/prepare_data.py or jobs/make_sample_data.py)")
     try:
-        ds = xr.open_zarr(p, consolidated=False)
+        ds = location.open_zarr(p)
     except Exception as e:  # zarr raises many types for a foreign directory
         msg = f"store {p} is not a readable zarr store ({type(e).__name__}: {e})".splitlines()[0]
         raise DataError(msg) from None
@@ -213,7 +220,7 @@ def open_store(path: str | Path) -> xr.Dataset:
     return ds
 
 
-def _check_longitude(ds: xr.Dataset, p: Path) -> None:
+def _check_longitude(ds: xr.Dataset, p: str) -> None:
     lon = np.asarray(ds[LON].values, dtype=np.float64)
     if lon.size > 1 and not np.all(np.diff(lon) > 0):
         raise DataError(f"store {p}: longitude must be strictly ascending (west to east)")
@@ -253,17 +260,17 @@ class Stats:
 def open_climatology(path: str | Path) -> xr.Dataset | None:
     """A store's `stats/climatology` (lazily), None when it has none: ACC is then not applicable."""
     try:
-        return xr.open_zarr(Path(path), group="stats/climatology", consolidated=False)
+        return location.open_zarr(path, group="stats/climatology")
     except Exception:  # the zarr backends raise many types for a missing group or a file
         return None
 
 
 def open_stats(path: str | Path) -> Stats:
-    p = Path(path)
+    p = str(path)
     groups = {}
     for name in STAT_NAMES[:-1]:
         try:
-            groups[name] = xr.open_zarr(p, group=f"stats/{name}", consolidated=False)
+            groups[name] = location.open_zarr(p, group=f"stats/{name}")
         except Exception:
             raise DataError(f"store {p}: missing stats group 'stats/{name}' "
                             f"(recompute with jobs/prepare_data.py)") from None

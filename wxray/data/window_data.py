@@ -15,6 +15,7 @@ import numpy as np
 import xarray as xr
 
 from wxray.config import InPath, PosFloat, PosInt, Seed
+from wxray.data import location
 from wxray.data.sample import ensure_sample_store
 from wxray.data.schema import LEVEL, TIME, open_stats, open_store
 from wxray.data.windows import WindowConfig, WindowSpec, make_spec, split_anchors, valid_anchors
@@ -100,11 +101,12 @@ def prepare_windows(cfg: DataConfig) -> WindowData:
     """Open (or generate) the store, index, split and check its windows. Runs on the driver, no Ray needed."""
     if not cfg.store:
         raise ConfigError("config key 'data.store' is empty; expected the path of a zarr store")
-    store = Path(cfg.store)
-    if not store.exists():
-        _generate_sample(cfg, store)
+    store = cfg.store
+    if not location.is_remote(store) and not location.local_path(store).exists():
+        _generate_sample(cfg, location.local_path(store))
     ds = open_store(store)
-    spec = make_spec(str(store.resolve()), ds, open_stats(store), cfg)
+    where = store if location.is_remote(store) else str(location.local_path(store).resolve())
+    spec = make_spec(where, ds, open_stats(store), cfg)
     anchors = valid_anchors(ds, cfg.history, cfg.lead_steps)
     splits = split_anchors(ds, anchors, cfg)
     check_complete(ds, spec, splits)

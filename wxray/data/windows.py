@@ -22,6 +22,7 @@ import pandas as pd
 import xarray as xr
 
 from wxray.config import Fraction, PosInt
+from wxray.data import location
 from wxray.data.gridfit import GRID_FIT_MODES, GridFit, GridFitMode, fit_grid
 from wxray.data.schema import GLOBAL, LAT, LEVEL, LON, TIME, TRAJECTORY, Channel, Stats, channels, grid_kind, time_step
 from wxray.errors import ConfigError, DataError
@@ -266,7 +267,7 @@ def choose_inits(ds: xr.Dataset, spec: WindowSpec, test: np.ndarray, inits: str,
 def open_lazy(store: str) -> xr.Dataset:
     """The store opened once per process; chunks=None (no dask): `.values` reads only the chunks it touches."""
     if store not in _OPEN:
-        _OPEN[store] = xr.open_zarr(store, chunks=None, consolidated=False)
+        _OPEN[store] = location.open_zarr(store, chunks=None)
     return _OPEN[store]
 
 

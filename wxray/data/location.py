@@ -1,0 +1,103 @@
+"""Where data lives: a local path or an fsspec URL (`s3://bucket/key`, `gs://bucket/key`, `file:///abs/path`).
+
+Every key that names a store may be a URL. Remote stores are read lazily through fsspec (s3fs, gcsfs): zarr
+asks for the chunks it needs and nothing is copied. Credentials come only from the standard chains -- the
+environment (`AWS_ACCESS_KEY_ID`, `AWS_ENDPOINT_URL`, `GOOGLE_APPLICATION_CREDENTIALS`), `~/.aws`, an
+instance role -- never from a config value, which would reach MLflow params. Public buckets (WeatherBench 2,
+ARCO-ERA5) are read without credentials when `WXRAY_ANONYMOUS=1`.
+
+The invariant: `exists`, `open_zarr` and `join` take the same strings for local paths and URLs, so a caller
+never branches on where a store is.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import fsspec
+import xarray as xr
+
+from wxray.errors import ConfigError
+
+ANONYMOUS_ENV = "WXRAY_ANONYMOUS"
+REMOTE_SCHEMES = ("s3", "gs", "gcs", "memory")
+
+
+def scheme(location: str | os.PathLike) -> str:
+    text = str(location)
+    return text.split("://", 1)[0].lower() if "://" in text else ""
+
+
+def is_remote(location: str | os.PathLike) -> bool:
+    return scheme(location) in REMOTE_SCHEMES
+
+
+def local_path(location: str | os.PathLike) -> Path:
+    """A local location as a Path (`file://` stripped)."""
+    text = str(location)
+    return Path(text[len("file://"):] if text.startswith("file://") else text)
+
+
+def storage_options(location: str | os.PathLike) -> dict[str, Any]:
+    """fsspec options for a location: anonymous access when asked for, else the library's credential chain.
+
+    s3fs reads `AWS_ENDPOINT_URL` itself only through botocore's config; it is passed explicitly so that a
+    loopback or on-premise S3 endpoint works with every s3fs release."""
+    s = scheme(location)
+    anon = os.environ.get(ANONYMOUS_ENV, "") not in ("", "0", "false")
+    if s == "s3":
+        # bounded: an unreachable endpoint is an error after a few seconds, not botocore's minutes of retries
+        opts: dict[str, Any] = {"anon": anon,
+                                "config_kwargs": {"connect_timeout": 5, "read_timeout": 60,
+                                                  "retries": {"max_attempts": 2, "mode": "standard"}}}
+        endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+        if endpoint:
+            opts["client_kwargs"] = {"endpoint_url": endpoint}
+        return opts
+    if s in ("gs", "gcs"):
+        return {"token": "anon"} if anon else {}
+    return {}
+
+
+def filesystem(location: str | os.PathLike):
+    """(fsspec filesystem, path inside it) of a location."""
+    s = scheme(location)
+    if not s or s == "file":
+        return fsspec.filesystem("file"), str(local_path(location))
+    try:
+        fs = fsspec.filesystem(s, **storage_options(location))
+    except ImportError:
+        package = {"s3": "s3fs", "gs": "gcsfs", "gcs": "gcsfs"}.get(s, f"the fsspec backend of {s}://")
+        raise ConfigError(f"{location}: reading {s}:// locations needs {package} (pip install {package})") from None
+    return fs, str(location).split("://", 1)[1]
+
+
+def exists(location: str | os.PathLike) -> bool:
+    if not is_remote(location):
+        return local_path(location).exists()
+    fs, path = filesystem(location)
+    return bool(fs.exists(path))
+
+
+def join(location: str | os.PathLike, *parts: str) -> str:
+    if not is_remote(location):
+        return str(local_path(location).joinpath(*parts))
+    return "/".join([str(location).rstrip("/"), *parts])
+
+
+def zarr_target(location: str | os.PathLike) -> tuple[str, dict[str, Any] | None]:
+    """(store argument, storage_options) for xarray's open_zarr / to_zarr."""
+    if not is_remote(location):
+        return str(local_path(location)), None
+    return str(location), storage_options(location)
+
+
+def open_zarr(location: str | os.PathLike, **kwargs):
+    """xr.open_zarr on a path or a URL (lazily, consolidated metadata not required)."""
+    target, opts = zarr_target(location)
+    if opts is not None:
+        kwargs["storage_options"] = opts
+    kwargs.setdefault("consolidated", False)
+    return xr.open_zarr(target, **kwargs)
