@@ -333,3 +333,20 @@ def test_a_store_with_other_channels_is_refused_before_any_work(store, tmp_path,
     if other != "other level":
         assert lines[0].startswith(f"error: store {path} does not have the channels checkpoint {ckpt} was trained on")
     assert not out.exists()
+
+
+def test_a_store_in_a_bucket_forecasts_as_the_same_store_on_disk(store, s3_server, tmp_path, capsys):
+    from wxray.data import location
+
+    fs, _ = location.filesystem("s3://forecast")
+    fs.mkdir("forecast")
+    fs.put(str(store), "forecast/odd.zarr", recursive=True)
+    ckpt, _, _ = _save_checkpoint(tmp_path / "ckpt", store, "crop")
+    got = {}
+    for where, src in (("local", str(store)), ("s3", "s3://forecast/odd.zarr")):
+        rc, res, err = _run(capsys, "forecast", ForecastConfig, forecast,
+                            [f"checkpoint={ckpt}", f"store={src}", f"out_dir={tmp_path / where}",
+                             "tracking.enabled=false", "steps=2", f"inits={TRAJECTORY_1}"])
+        assert rc == 0, err
+        got[where] = xr.open_zarr(res["forecast"]).geopotential.load()
+    xr.testing.assert_identical(got["s3"], got["local"])

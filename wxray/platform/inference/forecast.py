@@ -32,6 +32,7 @@ import torch
 import xarray as xr
 
 from wxray.config import InPath, PosInt, Seed, from_dict, load_yaml
+from wxray.data import location
 from wxray.data.schema import TIME, Stats, open_stats, open_store
 from wxray.data.window_data import DataConfig
 from wxray.data.windows import (
@@ -190,7 +191,8 @@ def forecast(cfg: ForecastConfig, ctx: JobContext) -> dict[str, Any]:
     ckpt = find_checkpoint(cfg.checkpoint)
     meta = checkpoints.read_meta(ckpt)
     model_cfg, data_cfg = training_configs(ckpt, meta)
-    store = cfg.store or str(resolve_path(data_cfg.store))  # cfg.store is absolute already
+    # cfg.store is absolute already; a training store at a URL stays one
+    store = cfg.store or (data_cfg.store if location.is_remote(data_cfg.store) else str(resolve_path(data_cfg.store)))
     ds = open_store(store)
     spec = trained_spec(ckpt, meta, store, ds, model_cfg, data_cfg)
     model = load_forecaster(ckpt, model_cfg, spec, cfg.sampler)
