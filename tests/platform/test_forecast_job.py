@@ -350,3 +350,19 @@ def test_a_store_in_a_bucket_forecasts_as_the_same_store_on_disk(store, s3_serve
         assert rc == 0, err
         got[where] = xr.open_zarr(res["forecast"]).geopotential.load()
     xr.testing.assert_identical(got["s3"], got["local"])
+    # jobs/evaluate.py: the truth in the bucket scores the forecast as the truth on disk does
+    fs.put(res["forecast"], "forecast/fc.zarr", recursive=True)
+    cards = {}
+    for where, truth, fc in (("local", str(store), res["forecast"]),
+                             ("s3", "s3://forecast/odd.zarr", "s3://forecast/fc.zarr")):
+        rc, cards[where], err = _run(capsys, "evaluate", EvaluateConfig, evaluate,
+                                     [f"forecast={fc}", f"truth={truth}", "regrid=true", "n_bootstrap=100",
+                                      "plots=false", f"out_dir={tmp_path / ('ev_' + where)}",
+                                      "tracking.enabled=false"])
+        assert rc == 0, err
+    scores = [k for k in cards["local"] if k.startswith(("rmse.", "acc."))]
+    assert scores and all(cards["s3"][k] == cards["local"][k] for k in scores), scores
+    rc, _, err = _run(capsys, "evaluate", EvaluateConfig, evaluate,
+                      ["forecast=s3://forecast/none.zarr", f"truth={store}", "tracking.enabled=false",
+                       f"out_dir={tmp_path / 'ev_bad'}"])
+    assert rc == 2 and "forecast s3://forecast/none.zarr does not exist" in err and not (tmp_path / "ev_bad").exists()

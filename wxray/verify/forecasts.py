@@ -29,6 +29,7 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
+from wxray.data import location
 from wxray.data.schema import (
     COORD_ALIASES,
     GLOBAL,
@@ -48,7 +49,7 @@ from wxray.data.schema import (
     wrap_longitudes,
 )
 from wxray.data.sources import detect_kind, first_line, open_grib, open_netcdf
-from wxray.errors import DataError
+from wxray.errors import ConfigError, DataError
 from wxray.verify.ensemble import MEMBER_DIMS
 
 # ERA5 ensemble files number their members; cfgrib calls the forecast step `step`.
@@ -58,7 +59,10 @@ EXTRA_ALIASES = {"number": MEMBER, "ensemble_member": MEMBER, "realization": MEM
 def open_any(path: str | Path, what: str) -> xr.Dataset:
     """Open a zarr directory, or a GRIB/netCDF file through the data pipeline's reader
     (`wxray.data.sources`: a GRIB file is scanned message by message first, so a corrupt or truncated
-    one is the same one-line DataError as in prepare_data, prefixed with `what`)."""
+    one is the same one-line DataError as in prepare_data, prefixed with `what`). A URL is a zarr store
+    (`wxray.data.location`)."""
+    if location.is_remote(path):
+        return _open_remote(str(path), what)
     p = Path(path)
     if not p.exists():
         raise DataError(f"{what} {p} does not exist")
@@ -76,6 +80,21 @@ def open_any(path: str | Path, what: str) -> xr.Dataset:
     except DataError as e:  # "source <p>: ..." or "<p>: ..." -> "<what> <p>: ..."
         raise DataError(f"{what} {str(e).removeprefix('source ')}") from None
     raise DataError(f"{what} {p}: unknown format (expected a zarr directory, netCDF or GRIB file)")
+
+
+def _open_remote(url: str, what: str) -> xr.Dataset:
+    try:
+        found = location.exists(url)
+    except ConfigError:
+        raise
+    except Exception as e:  # an unreachable endpoint, refused credentials
+        raise DataError(f"{what} {url} cannot be reached ({first_line(e)})") from None
+    if not found:
+        raise DataError(f"{what} {url} does not exist")
+    try:
+        return location.open_zarr(url)
+    except Exception as e:  # not a zarr store
+        raise DataError(f"{what} {url} cannot be read ({first_line(e)})") from None
 
 
 def _combine(parts: list[xr.Dataset], p: Path) -> xr.Dataset:
@@ -172,7 +191,7 @@ def open_truth(path: str | Path, member: str = "") -> tuple[xr.Dataset, xr.Datas
     members (e.g. ERA5 EDA) needs `member`: "mean" for the ensemble mean, or an integer for one member
     (the held-out member when it is also the forecast).
     """
-    p = Path(path)
+    p = str(path)
     ds = normalise(open_any(p, "truth"), what=f"truth {p}")
     for dim in (TIME, LAT, LON):
         if dim not in ds.dims:
@@ -182,7 +201,7 @@ def open_truth(path: str | Path, member: str = "") -> tuple[xr.Dataset, xr.Datas
         raise DataError(f"truth {p}: duplicated time {times[times.duplicated()][0]} (expected distinct times)")
     if not times.is_monotonic_increasing:
         ds = ds.sortby(TIME)
-    climatology = open_climatology(p) if p.is_dir() else None
+    climatology = open_climatology(p) if location.is_remote(p) or Path(p).is_dir() else None
     if climatology is not None:
         climatology = normalise(climatology, what=f"truth {p} stats/climatology",
                                 convention=longitude_convention(ds[LON].values))
