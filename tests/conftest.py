@@ -17,7 +17,7 @@ os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
 os.environ.pop("RAY_ADDRESS", None)
 
 
-def _free_port() -> int:
+def free_port() -> int:
     import socket
 
     with socket.socket() as s:
@@ -27,7 +27,7 @@ def _free_port() -> int:
 
 # The S3 endpoint of this session (`s3_server`): fixed before any Ray process starts, so that Ray's workers
 # inherit it as a user's would from the standard chain. Fake credentials, and nothing beyond loopback.
-S3_ENDPOINT = f"http://127.0.0.1:{_free_port()}"
+S3_ENDPOINT = f"http://127.0.0.1:{free_port()}"
 for _var in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3", "WXRAY_ANONYMOUS"):
     os.environ.pop(_var, None)
 os.environ.update(AWS_ENDPOINT_URL=S3_ENDPOINT, AWS_ACCESS_KEY_ID="wxray-test", AWS_SECRET_ACCESS_KEY="wxray-test",

@@ -63,9 +63,9 @@ def test_a_missing_bucket_or_key_is_one_line_naming_the_url(s3_wave_store, url, 
 
 
 def test_an_unreachable_endpoint_is_an_error_within_seconds(monkeypatch):
-    from tests.conftest import _free_port
+    from tests.conftest import free_port
 
-    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{_free_port()}")  # nothing listens there
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")  # nothing listens there
     t = time.monotonic()
     with pytest.raises(DataError, match=r"store s3://era5/waves.zarr: cannot be reached") as err:
         open_store("s3://era5/waves.zarr")

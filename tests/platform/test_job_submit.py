@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,15 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import free_port
 from tests.platform.conftest import write_tiny_store
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _wait_for(url: str, proc: subprocess.Popen, what: str, seconds: int = 90) -> None:
@@ -57,7 +51,7 @@ def test_train_job_runs_under_ray_job_submit_and_logs_to_an_mlflow_server(tmp_pa
     env.pop("MLFLOW_TRACKING_URI", None)
     store = tmp_path / "store.zarr"
     write_tiny_store(store, n_traj=2, steps=12, grid=(8, 16), levels=(500,))
-    gcs, dash, agent, mlflow_port = _free_port(), _free_port(), _free_port(), _free_port()
+    gcs, dash, agent, mlflow_port = free_port(), free_port(), free_port(), free_port()
     # the server as `make mlflow-server` starts it: loopback, a sqlite backend, artifacts served over HTTP
     server = subprocess.Popen([str(bin_dir / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(mlflow_port),
                                "--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}", "--serve-artifacts",

@@ -19,7 +19,7 @@ from typing import Any
 import fsspec
 import xarray as xr
 
-from wxray.errors import ConfigError
+from wxray.errors import ConfigError, DataError
 
 ANONYMOUS_ENV = "WXRAY_ANONYMOUS"
 REMOTE_SCHEMES = ("s3", "gs", "gcs", "memory")
@@ -41,10 +41,8 @@ def local_path(location: str | os.PathLike) -> Path:
 
 
 def storage_options(location: str | os.PathLike) -> dict[str, Any]:
-    """fsspec options for a location: anonymous access when asked for, else the library's credential chain.
-
-    s3fs reads `AWS_ENDPOINT_URL` itself only through botocore's config; it is passed explicitly so that a
-    loopback or on-premise S3 endpoint works with every s3fs release."""
+    """fsspec options for a location: anonymous access when asked for, else the library's credential chain;
+    the S3 endpoint from `AWS_ENDPOINT_URL(_S3)`, passed explicitly rather than left to botocore's config."""
     s = scheme(location)
     anon = os.environ.get(ANONYMOUS_ENV, "") not in ("", "0", "false")
     if s == "s3":
@@ -79,6 +77,17 @@ def exists(location: str | os.PathLike) -> bool:
         return local_path(location).exists()
     fs, path = filesystem(location)
     return bool(fs.exists(path))
+
+
+def reachable(location: str | os.PathLike, what: str) -> bool:
+    """`exists`, with an unreachable endpoint, refused credentials or a missing backend as one-line errors
+    naming `what` and the location (ConfigError for a backend to install, DataError otherwise)."""
+    try:
+        return exists(location)
+    except ConfigError:
+        raise
+    except Exception as e:
+        raise DataError(f"{what} {location}: cannot be reached ({type(e).__name__}: {e})".splitlines()[0]) from None
 
 
 def join(location: str | os.PathLike, *parts: str) -> str:

@@ -34,7 +34,7 @@ import numpy as np
 import xarray as xr
 
 from wxray.data import location
-from wxray.errors import ConfigError, DataError
+from wxray.errors import DataError
 
 TIME, LEVEL, LAT, LON = "time", "level", "latitude", "longitude"
 INIT, LEAD, MEMBER = "init_time", "lead_time", "member"  # the forecast convention: init x lead [x member]
@@ -193,13 +193,7 @@ def time_step(ds: xr.Dataset) -> np.timedelta64:
 def open_store(path: str | Path) -> xr.Dataset:
     """Open a store (lazily; a local path or a URL, `wxray.data.location`) and check the conventions above."""
     p = str(path)
-    try:
-        found = location.exists(p)
-    except ConfigError:
-        raise
-    except Exception as e:  # an unreachable endpoint, refused credentials, a missing bucket
-        raise DataError(f"store {p}: cannot be reached ({type(e).__name__}: {e})".splitlines()[0]) from None
-    if not found:
+    if not location.reachable(p, "store"):
         raise DataError(f"store {p} does not exist "
                         f"(make one with jobs/prepare_data.py or jobs/make_sample_data.py)")
     try:

@@ -49,7 +49,7 @@ from wxray.data.schema import (
     wrap_longitudes,
 )
 from wxray.data.sources import detect_kind, first_line, open_grib, open_netcdf
-from wxray.errors import ConfigError, DataError
+from wxray.errors import DataError
 from wxray.verify.ensemble import MEMBER_DIMS
 
 # ERA5 ensemble files number their members; cfgrib calls the forecast step `step`.
@@ -83,13 +83,7 @@ def open_any(path: str | Path, what: str) -> xr.Dataset:
 
 
 def _open_remote(url: str, what: str) -> xr.Dataset:
-    try:
-        found = location.exists(url)
-    except ConfigError:
-        raise
-    except Exception as e:  # an unreachable endpoint, refused credentials
-        raise DataError(f"{what} {url} cannot be reached ({first_line(e)})") from None
-    if not found:
+    if not location.reachable(url, what):
         raise DataError(f"{what} {url} does not exist")
     try:
         return location.open_zarr(url)
