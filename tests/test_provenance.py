@@ -118,6 +118,20 @@ def test_store_fingerprint_of_a_v2_store_and_of_what_cannot_be_read(tmp_path):
                                                                     "metadata_sha256": "unknown"}
 
 
+def test_a_store_in_a_bucket_has_the_fingerprint_of_the_same_store_on_disk(s3_server, tmp_path):
+    from wxray.data import location
+
+    path = tmp_path / "s.zarr"
+    write_tiny_store(path, n_traj=1, steps=4, grid=(4, 8), levels=(500,))
+    fs, _ = location.filesystem("s3://prov")
+    fs.mkdir("prov")
+    fs.put(str(path), "prov/s.zarr", recursive=True)
+    local, remote = provenance.store_fingerprint(path), provenance.store_fingerprint("s3://prov/s.zarr")
+    assert len(local["metadata_sha256"]) == 64
+    assert {**remote, "path": str(path)} == local
+    assert provenance.store_fingerprint("s3://prov/none.zarr")["metadata_sha256"] == "unknown"
+
+
 def test_every_input_path_of_a_config_is_fingerprinted(tmp_path):
     from wxray.verify.evaluate import EvaluateConfig
 

@@ -43,6 +43,7 @@ from typing import Any, TypeVar
 from wxray import provenance
 from wxray.config import OutDir, dump_yaml, flatten, load_config, path_keys, resolve_paths, to_dict
 from wxray.config_help import describe
+from wxray.data import location
 from wxray.errors import WxrayError
 from wxray.io import check_writable, home, resolve_path, under_job_submission, write_json, write_text
 from wxray.tracking import Tracker, TrackingConfig, check_server, redact, redact_uri, resolve_uri
@@ -94,6 +95,9 @@ class JobContext:
         self._created: Path | None = None  # the topmost folder this job created (run directory or a parent)
         self._before: set[str] | None = None  # names in an existing run directory when the job started
         self._backups: dict[Path, bytes] = {}
+        # a second home of the run directory (a training run's folder under train.storage, maybe a URL): its
+        # MLflow run id is taken from there when this directory has none, and the run's files go there at the end
+        self.mirror = ""
         # what produced the run (wxray.provenance); a job adds the stores it read before starting
         self.provenance: dict[str, Any] = {}
 
@@ -134,11 +138,13 @@ class JobContext:
         config = to_dict(cfg)
         self.write_text("config.yaml", dump_yaml(redact("", config)))  # the resolved config (no credentials)
         id_file = self._out_dir / ".mlflow_run_id"
-        previous = id_file.read_text().strip() if id_file.exists() else None  # a re-run continues its run
+        previous = id_file.read_text().strip() if id_file.exists() else self._mirrored(id_file.name)
         self._tracker = Tracker(cfg.tracking, run_name=cfg.run_name, tags={"wxray.job": self.job},
-                                run_id=previous)
+                                run_id=previous)  # a re-run continues its run
         if self._tracker.run_id:
             self.write_text(".mlflow_run_id", self._tracker.run_id)
+            if self.mirror:  # at once: a job killed later is still continued elsewhere as one MLflow run
+                location.put(id_file, location.join(self.mirror, id_file.name))
         flat = flatten(config)
         changed = self._tracker.log_params(flat)
         if changed:
@@ -146,6 +152,11 @@ class JobContext:
                 + ", ".join(f"{k}={v}" for k, v in sorted(changed.items())))
         self.provenance = {**provenance.collect(seeds=provenance.seeds(flat)), **self.provenance}
         self.record_provenance()
+
+    def _mirrored(self, name: str) -> str | None:
+        """The text of file `name` in the mirror, if there is one."""
+        remote = location.join(self.mirror, name) if self.mirror else ""
+        return location.read_text(remote).strip() if remote and location.exists(remote) else None
 
     def record_provenance(self) -> None:
         """Write provenance.json and the MLflow tags of `ctx.provenance` (again, after a job added to it)."""
@@ -235,6 +246,8 @@ def run_job(job: str, cfg_cls: type[C], main: Callable[[C, JobContext], dict[str
         write_json(ctx.out_dir / "summary.json", {**result, "provenance": ctx.provenance})
         for name in ("summary.json", "config.yaml", "provenance.json"):
             tracker.log_artifact(ctx.out_dir / name)
+        if ctx.mirror:
+            location.put(ctx.out_dir, ctx.mirror, exclude=("ray",))
         tracker.end("FINISHED")
         if tracker.run_url:
             say(f"MLflow run: {tracker.run_url}")

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from wxray.config import path_keys
+from wxray.data import location
 
 UNKNOWN = "unknown"
 GIT_ENV = "WXRAY_GIT_COMMIT"  # the commit of a copy without .git (e.g. `ray job submit --working-dir .`)
@@ -156,15 +157,49 @@ def _metadata_files(root: Path) -> list[Path]:
 
 
 def metadata_hash(path: str | Path) -> str:
-    """sha256 of a local store's zarr metadata files (names and contents), "unknown" for a remote store."""
+    """sha256 of a store's zarr metadata files (names and contents), on disk or at a URL; "unknown" when
+    there is no store there or it cannot be read."""
+    if location.is_remote(path):
+        return _remote_metadata_hash(str(path))
     root = Path(path)
-    if "://" in str(path) or not root.is_dir():
+    if not root.is_dir():
         return UNKNOWN
     h = hashlib.sha256()
     for f in _metadata_files(root):
         h.update(f.relative_to(root).as_posix().encode() + b"\0")
         h.update(f.read_bytes() + b"\0")
     return h.hexdigest()
+
+
+def _remote_metadata_hash(url: str) -> str:
+    """`metadata_hash` of a store at a URL: the same walk (groups, not arrays) over the object listing, so a
+    store hashes the same in a bucket as on disk."""
+    try:
+        fs, base = location.filesystem(url)
+        base = base.rstrip("/")
+        h, todo, n = hashlib.sha256(), [base], 0
+        found: list[tuple[str, bytes]] = []
+        while todo:
+            d = todo.pop()
+            entries = fs.ls(d, detail=True)
+            files = {e["name"].rsplit("/", 1)[-1]: e["name"] for e in entries if e["type"] == "file"}
+            here = [(files[name], fs.cat_file(files[name])) for name in ZARR_METADATA if name in files]
+            found += here
+            meta = dict(here)
+            is_array = any(name.endswith("/.zarray") for name in meta)
+            v3 = next((b for name, b in meta.items() if name.endswith("/zarr.json")), None)
+            if v3 is not None and not is_array:
+                is_array = json.loads(v3).get("node_type") == "array"
+            if not is_array and (here or d == base):
+                todo += sorted((e["name"].rstrip("/") for e in entries if e["type"] == "directory"
+                                and not e["name"].rstrip("/").rsplit("/", 1)[-1].startswith(".")), reverse=True)
+        for name, content in sorted(found):
+            h.update(name[len(base) + 1:].encode() + b"\0")
+            h.update(content + b"\0")
+            n += 1
+        return h.hexdigest() if n else UNKNOWN
+    except Exception:  # provenance never fails a job
+        return UNKNOWN
 
 
 def store_fingerprint(path: str | Path, ds: Any = None) -> dict[str, Any]:
@@ -177,7 +212,8 @@ def store_fingerprint(path: str | Path, ds: Any = None) -> dict[str, Any]:
 
             with warnings.catch_warnings():  # an unconsolidated store: xarray warns and reads it anyway
                 warnings.simplefilter("ignore")
-                ds = xr.open_zarr(path, consolidated=None)
+                ds = (location.open_zarr(path, consolidated=None) if location.is_remote(path)
+                      else xr.open_zarr(path, consolidated=None))
         if "time" in ds.coords and ds["time"].size:
             times = ds["time"].values
             out["time_range"] = [str(times[0])[:19], str(times[-1])[:19]]

@@ -110,3 +110,68 @@ def open_zarr(location: str | os.PathLike, **kwargs):
         kwargs["storage_options"] = opts
     kwargs.setdefault("consolidated", False)
     return xr.open_zarr(target, **kwargs)
+
+
+def arrow_filesystem(location: str | os.PathLike):
+    """(pyarrow filesystem, path inside it) for Ray's `storage_filesystem`: the fsspec filesystem of
+    `filesystem` wrapped, so Ray Train writes with the same endpoint, credentials and retries as wxray reads;
+    (None, local path) for a local location."""
+    if not is_remote(location):
+        return None, str(local_path(location))
+    import pyarrow.fs
+
+    fs, path = filesystem(location)
+    return pyarrow.fs.PyFileSystem(pyarrow.fs.FSSpecHandler(fs)), path
+
+
+def read_text(location: str | os.PathLike) -> str:
+    if not is_remote(location):
+        return local_path(location).read_text()
+    fs, path = filesystem(location)
+    with fs.open(path, "r") as f:
+        return f.read()
+
+
+def put(local: str | os.PathLike, location: str | os.PathLike, exclude: tuple[str, ...] = ()) -> None:
+    """Copy a local file, or a folder's entries but those named in `exclude` (file by file, replacing what
+    is there), to `location`."""
+    src = Path(local)
+    fs, path = filesystem(location)
+    fs.makedirs(path.rsplit("/", 1)[0] if src.is_file() else path, exist_ok=True)  # no-op on object stores
+    if src.is_file():
+        fs.put_file(str(src), path)
+        return
+    for entry in sorted(src.iterdir()):
+        if entry.name in exclude:
+            continue
+        files = sorted(f for f in entry.rglob("*") if f.is_file()) if entry.is_dir() else [entry]
+        for f in files:
+            target = f"{path.rstrip('/')}/{f.relative_to(src).as_posix()}"
+            fs.makedirs(target.rsplit("/", 1)[0], exist_ok=True)
+            fs.put_file(str(f), target)
+
+
+def get(location: str | os.PathLike, local: str | os.PathLike) -> Path:
+    """Copy the remote file or folder `location` to the local path `local`."""
+    fs, path = filesystem(location)
+    dst = Path(local)
+    if fs.isdir(path):
+        dst.mkdir(parents=True, exist_ok=True)
+        for remote in fs.find(path):
+            rel = remote[len(path.rstrip("/")) + 1:]
+            (dst / rel).parent.mkdir(parents=True, exist_ok=True)
+            fs.get_file(remote, str(dst / rel))
+    else:
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        fs.get_file(path, str(dst))
+    return dst
+
+
+def glob(location: str | os.PathLike, pattern: str) -> list[str]:
+    """The locations under `location` matching `pattern` (a glob relative to it), as the caller spelled
+    the root: paths for a local root, URLs for a remote one."""
+    if not is_remote(location):
+        return [str(p) for p in local_path(location).glob(pattern)]
+    fs, path = filesystem(location)
+    prefix = scheme(location) + "://"
+    return [prefix + p for p in fs.glob(f"{path.rstrip('/')}/{pattern}")]

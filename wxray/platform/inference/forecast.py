@@ -6,14 +6,15 @@ persistence where the store has the truth.
     python jobs/forecast.py checkpoint=<run dir> members=10    # routing draws (or EDM samples) as an ensemble
     python jobs/evaluate.py forecast=<out_dir>/forecast.zarr truth=<store>   # CRPS, spread-skill, ...
 
-`checkpoint` is a training run directory (its newest checkpoint under `ray/`) or one checkpoint
-directory. The model and data configs are the ones the checkpoint was trained with: its meta.json
-(`model`, `data`), else the run directory's config.yaml. The store (`store=`) may be another one with
-the same channels, e.g. a later period (other channels: a one-line CheckpointError before any work); an
-init needs only its history in the store, and inits with truth for every lead are scored. Whatever the
-store, windows are normalised as in training: with the vectors meta.json keeps (`normalisation`), or for
-older checkpoints the training store's statistics. The run's provenance (provenance.json, summary.json)
-names the store's fingerprint and the checkpoint's own provenance.
+`checkpoint` is a training run directory (its newest checkpoint under `ray/`) or one checkpoint directory, on
+disk or at a URL (a run's folder under `train.storage`, fetched once: `checkpoints.fetch`). The model and data
+configs are the ones the checkpoint was trained with: its meta.json (`model`, `data`), else the run
+directory's config.yaml. The store (`store=`) may be another one with the same channels, e.g. a later period
+(other channels: a one-line CheckpointError before any work); an init needs only its history in the store, and
+inits with truth for every lead are scored. Whatever the store, windows are normalised as in training: with
+the vectors meta.json keeps (`normalisation`), or for older checkpoints the training store's statistics. The
+run's provenance (provenance.json, summary.json) names the store's fingerprint and the checkpoint's own
+provenance.
 
 `members` = M > 1 forecasts every init M times, member m drawing its token selection from a
 generator seeded by (seed, init time, m) (rollout.py), so a member can be recomputed alone; M = 1 is
@@ -56,7 +57,7 @@ from wxray.provenance import store_fingerprint
 
 @dataclass
 class ForecastConfig(JobConfig):
-    checkpoint: InPath = ""  # a training run directory (its newest checkpoint) or a checkpoint directory
+    checkpoint: InPath = ""  # a training run directory (its newest checkpoint) or a checkpoint directory, or a URL
     store: InPath = ""  # "" = the store the checkpoint was trained on
     inits: str = ""  # "start/end" init times, inclusive; "" = the training run's test split with truth at every lead
     steps: PosInt = 4  # autoregressive steps, each the checkpoint's lead (data.lead_steps native steps)
@@ -85,6 +86,9 @@ class ForecastConfig(JobConfig):
 
 
 def find_checkpoint(path: str) -> Path:
+    """The checkpoint directory `checkpoint=` names (for a URL, its local copy: `checkpoints.fetch`)."""
+    if location.is_remote(path):
+        return checkpoints.fetch(_find_remote(str(path).rstrip("/")))
     p = Path(path).expanduser()
     if p.is_file() and p.name == checkpoints.STATE:
         p = p.parent
@@ -98,6 +102,22 @@ def find_checkpoint(path: str) -> Path:
         raise CheckpointError(f"checkpoint {p}: no checkpoint found (expected a training run directory with "
                               f"ray/**/checkpoint_*/ or a checkpoint directory with {checkpoints.STATE})")
     return last
+
+
+def _find_remote(url: str) -> str:
+    if url.endswith("/" + checkpoints.STATE):
+        url = url.rsplit("/", 1)[0]
+    if not location.reachable(url, "checkpoint"):
+        raise CheckpointError(f"checkpoint {url} does not exist (expected a training run's folder or a checkpoint "
+                              "directory)")
+    if location.exists(location.join(url, checkpoints.STATE)):
+        return url
+    ray = location.join(url, "ray")
+    last = checkpoints.latest(ray if location.exists(ray) else url)
+    if last is None:
+        raise CheckpointError(f"checkpoint {url}: no checkpoint found (expected a training run's folder with "
+                              f"ray/**/checkpoint_*/ or a checkpoint directory with {checkpoints.STATE})")
+    return str(last)
 
 
 def _run_config(ckpt: Path) -> Path | None:
@@ -208,15 +228,16 @@ def forecast(cfg: ForecastConfig, ctx: JobContext) -> dict[str, Any]:
     anchors = choose_inits(ds, spec, test, cfg.inits, cfg.steps, store)
     device = resolve_device(cfg.device)
     ctx.provenance["store"] = store_fingerprint(store, ds)
-    ctx.provenance["checkpoint"] = {"path": str(ckpt), **checkpoints.meta_provenance(meta)}
+    where = checkpoints.origin(ckpt)  # a URL for a fetched checkpoint
+    ctx.provenance["checkpoint"] = {"path": where, **checkpoints.meta_provenance(meta)}
     tracker = ctx.tracker  # every input is checked: the run starts here
 
     members = list(range(cfg.members)) if cfg.members > 1 else None
     run = forecast_and_score(model, spec, ds, anchors, cfg.steps, ctx.out_dir, tracker, seed=cfg.seed,
                              batch_size=cfg.batch_size, members=members, device=device,
-                             attrs={"checkpoint": str(ckpt), "seed": cfg.seed, "store": store})
+                             attrs={"checkpoint": where, "seed": cfg.seed, "store": store})
     times = ds[TIME].values[anchors]
-    return {"forecast": str(run.path), "checkpoint": str(ckpt), "store": store, "inits": int(len(anchors)),
+    return {"forecast": str(run.path), "checkpoint": where, "store": store, "inits": int(len(anchors)),
             "first_init": str(times[0])[:19], "last_init": str(times[-1])[:19], "members": cfg.members,
             "grid_fit": spec.fit.mode, "grid": f"{spec.kept_grid[0]}x{spec.kept_grid[1]}",
             "rollout": {"scored_inits": int(len(run.scored)), **run.report}}

@@ -15,7 +15,10 @@ existed stay readable (`meta_model`, `resume_epoch`, `meta_provenance`; `apply_n
 
 from __future__ import annotations
 
+import atexit
 import json
+import shutil
+import tempfile
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -23,6 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from wxray.data import location
 from wxray.data.windows import WindowSpec
 from wxray.errors import CheckpointError
 
@@ -111,18 +115,25 @@ def resume_epoch(state: dict[str, Any], where: str | Path) -> int:
     raise CheckpointError(f"checkpoint {where}/{STATE}: no 'next_epoch' (expected a training checkpoint to resume)")
 
 
+def _shown(path: str | Path, local: Path) -> str:
+    """How errors name a checkpoint: its URL when fetched, else its directory."""
+    return str(path).rstrip("/").removesuffix("/" + STATE) if location.is_remote(path) else str(local)
+
+
 def read_meta(path: str | Path, expect_model: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Check a checkpoint's format and, optionally, that it was written by the same model; cheap (no weights)."""
-    p = Path(path)
+    """Check a checkpoint's format and, optionally, that it was written by the same model; cheap (no weights
+    locally; a checkpoint at a URL is fetched)."""
+    p = fetch(path)
     d = p if p.is_dir() else p.parent
+    shown = _shown(path, d)
     if not (d / STATE).is_file():
-        raise CheckpointError(f"checkpoint {p}: no {STATE} found (expected a wxray checkpoint directory)")
+        raise CheckpointError(f"checkpoint {shown}: no {STATE} found (expected a wxray checkpoint directory)")
     try:
         meta = json.loads((d / META).read_text())
     except (OSError, ValueError):
-        raise CheckpointError(f"checkpoint {d}: missing or unreadable {META} (not a wxray checkpoint?)") from None
+        raise CheckpointError(f"checkpoint {shown}: missing or unreadable {META} (not a wxray checkpoint?)") from None
     if meta.get("format") != FORMAT:
-        raise CheckpointError(f"checkpoint {d}: format {meta.get('format')!r}, expected {FORMAT!r}")
+        raise CheckpointError(f"checkpoint {shown}: format {meta.get('format')!r}, expected {FORMAT!r}")
     if expect_model is not None:
         theirs = meta_model(meta)
         diff = [k for k in ("name", "patch_size", "embed_dim", "depth", "num_heads", "mlp_ratio", "skip_channels",
@@ -133,7 +144,7 @@ def read_meta(path: str | Path, expect_model: dict[str, Any] | None = None) -> d
             diff.append("channels")
         if diff:
             k = diff[0]
-            raise CheckpointError(f"checkpoint {d}: model.{k}={theirs.get(k)!r} does not match this run's "
+            raise CheckpointError(f"checkpoint {shown}: model.{k}={theirs.get(k)!r} does not match this run's "
                                   f"{expect_model.get(k)!r}")
     return meta
 
@@ -141,22 +152,55 @@ def read_meta(path: str | Path, expect_model: dict[str, Any] | None = None) -> d
 def load(path: str | Path, expect_model: dict[str, Any] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
     """Load a checkpoint directory (or its state.pt); check format and, optionally, the model config."""
     meta = read_meta(path, expect_model)
-    p = Path(path)
+    p = fetch(path)
     d = p if p.is_dir() else p.parent
+    shown = _shown(path, d)
     try:
         state = torch.load(d / STATE, map_location="cpu", weights_only=True)
     except Exception as e:
-        raise CheckpointError(f"checkpoint {d}/{STATE} is corrupt or not a weights-only torch file "
+        raise CheckpointError(f"checkpoint {shown}/{STATE} is corrupt or not a weights-only torch file "
                               f"({type(e).__name__})") from None
     if not isinstance(state, dict) or "model" not in state:
-        raise CheckpointError(f"checkpoint {d}/{STATE}: expected a dict with a 'model' entry")
+        raise CheckpointError(f"checkpoint {shown}/{STATE}: expected a dict with a 'model' entry")
     return state, meta
 
 
-def latest(directory: str | Path) -> Path | None:
-    """The newest checkpoint Ray Train wrote under `directory` (its storage path), if any."""
+def latest(directory: str | Path) -> Path | str | None:
+    """The newest checkpoint Ray Train wrote under `directory` (its storage path, a local folder or a URL),
+    if any. Remote checkpoints are ordered by name: Ray Train names them by their UTC time."""
+    if location.is_remote(directory):
+        found = sorted(location.glob(directory, "**/checkpoint_*/" + META))
+        return found[-1].rsplit("/", 1)[0] if found else None
     found = sorted(Path(directory).glob("**/checkpoint_*/" + META), key=lambda m: m.stat().st_mtime)
     return found[-1].parent if found else None
+
+
+_fetched: dict[str, Path] = {}
+
+
+def fetch(path: str | Path) -> Path:
+    """A local checkpoint directory for `path`: itself, or for a URL its state.pt and meta.json copied into
+    a temporary folder removed when the process ends (fetched once per process)."""
+    if not location.is_remote(path):
+        return Path(path)
+    url = str(path).rstrip("/")
+    if url.endswith("/" + STATE):
+        url = url.rsplit("/", 1)[0]
+    if url not in _fetched:
+        if not location.reachable(location.join(url, STATE), "checkpoint"):
+            raise CheckpointError(f"checkpoint {url}: no {STATE} found (expected a wxray checkpoint directory)")
+        local = Path(tempfile.mkdtemp(prefix="wxray-checkpoint-"))
+        atexit.register(shutil.rmtree, local, True)
+        for name in (STATE, META):
+            if location.exists(location.join(url, name)):
+                location.get(location.join(url, name), local / name)
+        _fetched[url] = local
+    return _fetched[url]
+
+
+def origin(path: str | Path) -> str:
+    """Where a checkpoint came from: the URL of a fetched copy, else the path itself."""
+    return next((url for url, local in _fetched.items() if local == Path(path)), str(path))
 
 
 def load_model_weights(model: torch.nn.Module, state: dict[str, Any], where: str) -> None:

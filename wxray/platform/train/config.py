@@ -43,7 +43,10 @@ class LoopConfig:
     # post-training rollout: members per init (routing draws; for model.name=edm, samples); > 1 writes `member`
     routing_members: PosInt = 1
     var_weights: dict[str, NonNegFloat] = field(default_factory=dict)  # channel name -> loss weight
-    init_from: InPath = ""  # checkpoint dir/file to initialise weights from (fine-tuning)
+    init_from: InPath = ""  # checkpoint dir/file (or its URL) to initialise weights from (fine-tuning)
+    # where checkpoints go: "" = <out_dir>/ray; a URL (s3://bucket/runs) or a shared folder: <storage>/<job>/<run>/ray,
+    # with a copy of the run directory beside it (platform/train/storage.py)
+    storage: InPath = ""
     # Fault drill: worker rank 1 (or 0 with one worker) kills its own process once, after the first step
     # of this epoch, to exercise FailureConfig + resume. -1 = off.
     fault_drill_epoch: Annotated[int, Range(-1)] = -1

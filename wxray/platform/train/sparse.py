@@ -15,7 +15,7 @@ from wxray.data.windows import WindowReader, fit_spec
 from wxray.errors import ConfigError, DataError
 from wxray.job import JobContext, say
 from wxray.models.registry import build_forecaster, model_identity
-from wxray.platform.train import checkpoints, trainer
+from wxray.platform.train import checkpoints, storage, trainer
 from wxray.platform.train.config import TrainSparseConfig
 from wxray.platform.train.datasets import build_datasets
 from wxray.platform.train.evaluation import evaluate_checkpoint
@@ -55,12 +55,16 @@ def train_sparse(cfg: TrainSparseConfig, ctx: JobContext, callbacks: list | None
     if not len(data.anchors["train"]):
         raise DataError(f"store {cfg.data.store}: no valid training windows (check data.*_range and history)")
     identity = model_identity(cfg.model, data.spec)
-    resumed_from = trainer.check_resume(Path(cfg.out_dir), identity)
+    resumed_from = trainer.check_resume(Path(cfg.out_dir), identity, cfg.train.storage)
     trainer.start_cluster(cfg)
     ctx.provenance["store"] = store_fingerprint(data.spec.store)
+    if cfg.train.storage:
+        ctx.mirror = storage.run_location(cfg.train.storage, cfg.out_dir)
     ctx.start()  # every input is checked: only now does the run directory change
     if resumed_from is not None:
         say(f"resuming from {resumed_from}")
+    if ctx.mirror:
+        say(f"checkpoints and a copy of the run go to {ctx.mirror}")
     n_params = sum(p.numel() for p in model.parameters())
     counts = data.counts()
     ctx.tracker.log_params({"n_parameters": n_params, **{f"windows.{k}": v for k, v in counts.items()}})
@@ -84,7 +88,7 @@ def train_sparse(cfg: TrainSparseConfig, ctx: JobContext, callbacks: list | None
         "samples_per_s_per_worker": metrics.get("train/epoch_samples_per_s_per_worker"),
         "epochs": int(metrics.get("epoch", 0)),
         "steps": metrics.get("step"),
-        "checkpoint": str(Path(result.checkpoint.path).resolve()),
+        "checkpoint": storage.checkpoint_url(cfg.train.storage, result.checkpoint.path),
         "n_parameters": n_params,
         "windows": counts,
         **evaluation,

@@ -75,6 +75,9 @@ class TrainE2EConfig(JobConfig):
     def validate(self) -> None:
         if self.stage not in STAGES:
             raise ConfigError(f"stage must be one of {', '.join(STAGES)}, got {self.stage!r}")
+        if self.train.storage:  # the stages find each other under stages_dir
+            raise ConfigError("config key 'train.storage' is for jobs/train_sparse.py; the end-to-end stages keep "
+                              "their checkpoints under stages_dir (a folder every node sees)")
         name = self.run_name or "e2e"
         if not self.stages_dir:
             self.stages_dir = f"runs/train_e2e/{name}"

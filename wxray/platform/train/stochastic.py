@@ -71,6 +71,9 @@ class FinetuneStochasticConfig(JobConfig):
         return f"stochastic-{self.stage}-{self.stochastic.noise}"
 
     def validate(self) -> None:
+        if self.train.storage:  # the stochastic stages find the deterministic ones under stages_dir
+            raise ConfigError("config key 'train.storage' is for jobs/train_sparse.py; the end-to-end stages keep "
+                              "their checkpoints under stages_dir (a folder every node sees)")
         if not self.stages_dir:
             self.stages_dir = f"runs/train_e2e/{self.run_name or 'e2e'}"
         if not self.out_dir:

@@ -18,19 +18,24 @@ from typing import Any
 
 from wxray import errors
 from wxray.config import to_dict
+from wxray.data import location
 from wxray.errors import CheckpointError, WxrayError
 from wxray.job import JobContext
 from wxray.platform.cluster import resources, session
-from wxray.platform.train import checkpoints
+from wxray.platform.train import checkpoints, storage
 from wxray.platform.train.datasets import exactly_once_data_config
 from wxray.platform.train.loop import LoopSetup, train_fn_per_worker
 from wxray.platform.train.reporting import ProgressPrinter
 from wxray.platform.train.tasks import Task
 
 
-def check_resume(out_dir: Path, identity: dict[str, Any]) -> Path | None:
-    """A re-run into an existing run directory resumes from its newest checkpoint: check it fits first."""
-    last = checkpoints.latest(Path(out_dir) / "ray")
+def check_resume(out_dir: Path, identity: dict[str, Any], storage_root: str = "") -> Path | str | None:
+    """A re-run into an existing run directory (or its folder under `train.storage`) resumes from its newest
+    checkpoint: check it fits first."""
+    where = storage.ray_location(storage_root, out_dir)
+    if storage_root:
+        location.reachable(storage_root, "train.storage")
+    last = checkpoints.latest(where)
     if last is not None:
         checkpoints.read_meta(last, expect_model=identity)
     return last
@@ -56,20 +61,22 @@ def loop_setup(cfg, task: Task, identity: dict[str, Any], ctx: JobContext, *, n_
 
 def make_trainer(setup: LoopSetup, datasets: dict[str, Any], out_dir: Path,
                  callbacks: list | None = None):
-    """The `TorchTrainer` of a training run; Ray Train's storage is `<out_dir>/ray`, run name `train`, so a
-    re-run into the same directory (a resumed job, a restored Tune trial) finds its checkpoints.
+    """The `TorchTrainer` of a training run; Ray Train's storage is `<out_dir>/ray` (or the run's folder under
+    `train.storage`, storage.py), run name `train`, so a re-run into the same directory (a resumed job, a
+    restored Tune trial) finds its checkpoints.
     `callbacks`: Ray Train callbacks (a Tune trial passes TuneReportCallback)."""
     from ray.train import CheckpointConfig, FailureConfig, RunConfig
     from ray.train.torch import TorchTrainer
 
     cfg = setup.cfg
+    storage_path, storage_fs = storage.ray_storage(cfg.train.storage, out_dir)
     return TorchTrainer(
         train_fn_per_worker,
         train_loop_config={"setup": setup},
         scaling_config=resources.ray_scaling_config(cfg.scaling),  # pinned to cfg.scaling.vendor's nodes
         torch_config=resources.torch_config(cfg.scaling),  # GPU runs that may land on AMD: the ROCm device fix
         run_config=RunConfig(
-            name="train", storage_path=str((Path(out_dir) / "ray").resolve()),
+            name="train", storage_path=storage_path, storage_filesystem=storage_fs,
             failure_config=FailureConfig(max_failures=cfg.train.max_failures),
             checkpoint_config=CheckpointConfig(num_to_keep=cfg.train.keep_checkpoints),
             callbacks=callbacks,
