@@ -39,8 +39,10 @@ JOBS: dict[str, tuple[str, str, str, str]] = {
             "observing-system experiments: each stream denied in turn, U_enc / U_drop changes with bootstrap CIs"),
     "sweep": ("sweep", "wxray.tune.sweep:SweepConfig", "wxray.tune.sweep:sweep",
               "Ray Tune sweep over training config keys (ASHA, MLflow child runs, restore, best config)"),
-    "prepare-data": ("prepare_data", "wxray.data.jobs:PrepareDataConfig", "wxray.data.jobs:prepare_data_main",
-                     "convert ERA5 NetCDF / GRIB / zarr into a wxray store with statistics"),
+    "prepare-data": ("prepare_data", "wxray.data.jobs:PrepareDataConfig",
+                     "wxray.platform.ingest.prepare:prepare_data_main",
+                     "convert ERA5 NetCDF / GRIB / zarr into a wxray store with statistics, or view a "
+                     "WeatherBench 2 / ARCO-ERA5 store in place (mode=view)"),
     "make-sample-data": ("make_sample_data", "wxray.data.jobs:SampleDataConfig", "wxray.data.jobs:make_sample_main",
                          "generate the shallow-water sample store (synthetic, not ERA5)"),
     "make-sample-obs": ("make_sample_obs", "wxray.data.obs.jobs:SampleObsConfig",

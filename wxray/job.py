@@ -200,7 +200,7 @@ def prepare(job: str, cfg_cls: type[C], argv: list[str]) -> C:
     if not cfg.out_dir:
         cfg.out_dir = str(resolve_path(default_out_dir(job)))
     for owner, name, key, marker in path_keys(cfg):
-        if marker.output and getattr(owner, name):
+        if marker.output and getattr(owner, name) and not location.is_remote(getattr(owner, name)):
             check_writable(getattr(owner, name), key)
     cfg.tracking.experiment = cfg.tracking.experiment or cfg.experiment
     if cfg.tracking.enabled:

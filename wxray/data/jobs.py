@@ -9,7 +9,9 @@ from typing import Annotated, Any, Literal
 
 from wxray.config import InPath, NonNegInt, OutDir, PosInt, Range, Seed
 from wxray.data.convert import prepare_data
+from wxray.data.make_view import MapFn, make_view
 from wxray.data.sample import make_sample_store
+from wxray.data.windows import parse_range
 from wxray.errors import ConfigError
 from wxray.job import JobConfig, JobContext
 
@@ -31,8 +33,13 @@ def parse_grid(grid: str) -> tuple[int, int]:
 class PrepareDataConfig(JobConfig):
     """`jobs/prepare_data.py source=<file|glob|zarr> out=<store> ...`"""
 
-    source: InPath = ""  # a GRIB / NetCDF file, a glob of them, or a zarr store
-    out: OutDir = ""  # the store to write (zarr v3 directory)
+    source: InPath = ""  # a GRIB / NetCDF file, a glob of them, or a zarr store (mode=view: a zarr store or its URL)
+    out: OutDir = ""  # the store to write (zarr v3 directory); mode=view: the sidecar, a folder or a URL
+    # copy: convert the fields into a wxray store; view: read a WeatherBench 2 / ARCO-ERA5 zarr store in place
+    # through a small sidecar of statistics (wxray/data/view.py)
+    mode: Literal["copy", "view"] = "copy"
+    time_range: str = ""  # mode=view: "start/end" (inclusive) of the times the view shows; "" = all
+    time_stride: PosInt = 1  # mode=view: statistics from pairs of consecutive steps every this many steps
     variables: list[str] = field(default_factory=list)  # long or short names; [] = every gridded variable
     levels: list[PosInt] = field(default_factory=list)  # hPa; [] = every level in the source
     member: NonNegInt | Literal["mean"] | None = None  # ensemble sources: a member number or the ensemble mean
@@ -47,6 +54,15 @@ class PrepareDataConfig(JobConfig):
             raise ConfigError("config key 'source' is required (a GRIB/NetCDF file, a glob or a zarr store)")
         if not self.out:
             raise ConfigError("config key 'out' is required (the zarr store to write)")
+        if self.mode == "copy":
+            for key in ("time_range", "time_stride"):
+                if getattr(self, key) != getattr(PrepareDataConfig, key):
+                    raise ConfigError(f"config key '{key}' is for mode=view (a store read in place)")
+        elif self.member is not None or self.allow_missing:
+            raise ConfigError("mode=view reads the source's fields as they are: 'member' and 'allow_missing' "
+                              "are for mode=copy")
+        if self.time_range:
+            parse_range(self.time_range, "time_range")
 
 
 @dataclass
@@ -68,8 +84,16 @@ class SampleDataConfig(JobConfig):
         parse_grid(self.grid)
 
 
-def prepare_data_main(cfg: PrepareDataConfig, ctx: JobContext) -> dict[str, Any]:
+def prepare_data_main(cfg: PrepareDataConfig, ctx: JobContext, map_fn: MapFn = map) -> dict[str, Any]:
+    """The job; `map_fn` runs a view's statistics tasks (Ray tasks from jobs/prepare_data.py)."""
     t0 = time.perf_counter()
+    if cfg.mode == "view":
+        view = make_view(cfg.source, cfg.out, cfg.variables, cfg.levels, cfg.time_range, cfg.time_stride,
+                         cfg.clim_window_days, cfg.overwrite, map_fn=map_fn)
+        figures = {**view.figures(), "seconds": round(time.perf_counter() - t0, 2)}
+        ctx.tracker.log_metrics({"n_times": view.n_times, "n_variables": len(view.variables),
+                                 "stats_steps": view.stats_steps, "seconds": figures["seconds"]})
+        return figures
     result = prepare_data(cfg)
     figures = {**result.figures(), "seconds": round(time.perf_counter() - t0, 2)}
     ctx.tracker.log_metrics({"n_times": result.n_times, "n_missing": result.n_missing,

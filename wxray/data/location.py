@@ -13,12 +13,14 @@ never branches on where a store is.
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
 import fsspec
 import xarray as xr
 
+from wxray.data import view
 from wxray.errors import ConfigError, DataError
 
 ANONYMOUS_ENV = "WXRAY_ANONYMOUS"
@@ -104,12 +106,25 @@ def zarr_target(location: str | os.PathLike) -> tuple[str, dict[str, Any] | None
 
 
 def open_zarr(location: str | os.PathLike, **kwargs):
-    """xr.open_zarr on a path or a URL (lazily, consolidated metadata not required)."""
+    """xr.open_zarr on a path or a URL (lazily, consolidated metadata not required). A view's sidecar
+    (`wxray.data.view`) opens as the fields of its source; its groups (`group=`) as they are."""
     target, opts = zarr_target(location)
+    given = dict(kwargs)
     if opts is not None:
         kwargs["storage_options"] = opts
     kwargs.setdefault("consolidated", False)
-    return xr.open_zarr(target, **kwargs)
+    ds = xr.open_zarr(target, **kwargs)
+    if kwargs.get("group") is None and view.is_view(ds):
+        # the source's own metadata: WeatherBench 2 and ARCO are consolidated
+        return view.through(ds, lambda source: open_source(source, given))
+    return ds
+
+
+def open_source(location: str, kwargs: dict[str, Any]):
+    """A view's source: consolidated metadata where it has them (WeatherBench 2, ARCO), else without."""
+    with warnings.catch_warnings():  # zarr's "falling back to unconsolidated metadata"
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return open_zarr(location, **{**kwargs, "consolidated": None})
 
 
 def arrow_filesystem(location: str | os.PathLike):
