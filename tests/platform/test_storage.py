@@ -129,6 +129,15 @@ def test_a_checkpoint_url_that_is_not_there_is_one_line(s3_server, tmp_path, cap
     assert not (tmp_path / "fc").exists()
 
 
+def test_a_storage_bucket_that_is_not_there_is_one_line_before_any_work(s3_server, wave_store, tmp_path, capsys):
+    rc, res, out = _run(capsys, "train_sparse", TrainSparseConfig, train_sparse,
+                        [f"data.store={wave_store}", "train.storage=s3://no-such-bucket/runs", *SMALL,
+                         f"out_dir={tmp_path / 'run'}", "tracking.enabled=false"])
+    assert rc == 2 and res is None, out
+    assert "config key 'train.storage' is s3://no-such-bucket/runs: bucket s3://no-such-bucket does not exist" in out
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.parametrize("cfg_cls", [TrainE2EConfig, FinetuneStochasticConfig])
 def test_the_end_to_end_stages_refuse_a_storage_they_cannot_use_in_one_line(cfg_cls, tmp_path):
     with pytest.raises(ConfigError, match="config key 'train.storage' is for jobs/train_sparse.py"):

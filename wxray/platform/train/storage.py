@@ -21,7 +21,18 @@ from __future__ import annotations
 from pathlib import Path
 
 from wxray.data import location
+from wxray.errors import ConfigError
 from wxray.io import home
+
+
+def check(storage: str) -> None:
+    """A `train.storage` URL whose bucket is not there (or cannot be reached) is one line before any work."""
+    if not location.is_remote(storage):
+        return
+    bucket = storage.split("://", 1)[1].split("/", 1)[0]
+    root = f"{location.scheme(storage)}://{bucket}"
+    if not location.reachable(root, "train.storage"):
+        raise ConfigError(f"config key 'train.storage' is {storage}: bucket {root} does not exist")
 
 
 def run_key(out_dir: str | Path) -> str:

@@ -18,7 +18,6 @@ from typing import Any
 
 from wxray import errors
 from wxray.config import to_dict
-from wxray.data import location
 from wxray.errors import CheckpointError, WxrayError
 from wxray.job import JobContext
 from wxray.platform.cluster import resources, session
@@ -33,8 +32,7 @@ def check_resume(out_dir: Path, identity: dict[str, Any], storage_root: str = ""
     """A re-run into an existing run directory (or its folder under `train.storage`) resumes from its newest
     checkpoint: check it fits first."""
     where = storage.ray_location(storage_root, out_dir)
-    if storage_root:
-        location.reachable(storage_root, "train.storage")
+    storage.check(storage_root)
     last = checkpoints.latest(where)
     if last is not None:
         checkpoints.read_meta(last, expect_model=identity)
