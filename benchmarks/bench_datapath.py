@@ -17,7 +17,7 @@ disk (page cache warm) and from a moto S3 server on 127.0.0.1 (its own process),
 * ray: the training pipeline (`window_dataset`: Ray Data read tasks of `--read-batch` windows, `iter_batches`)
   on `--cpus` read CPUs, divided by them.
 
-A window (history 2, lead 1) reads 3 steps x 82 channels = 13.4 MB (float32). Peak RSS of the driver and of one
+A window (history 2, lead 1) reads 3 steps x 82 channels = 32.2 MB (float32). Peak RSS of the driver and of one
 read task (a Ray task running the reader over 8 windows) is reported beside. Ratios are what this measures;
 absolute numbers depend on the disk, the cores and the S3 server (moto is Python, far slower than a real one).
 """
@@ -76,6 +76,7 @@ def make_store(path: Path, steps: int, time_chunk: int, compressed: bool) -> Non
         if i0 == 0:
             ds.attrs.update(grid_kind="global", longitude_convention="0-360")
             enc = {v: {"chunks": (time_chunk, *ds[v].shape[1:]), **enc_of} for v in data}
+            enc["time"] = {"units": "hours since 2020-01-01", "dtype": "int64"}  # a 1-step block must not set days
             ds.to_zarr(path, zarr_format=3, consolidated=False, mode="w", encoding=enc)
         else:
             ds.to_zarr(path, zarr_format=3, consolidated=False, append_dim="time")

@@ -297,15 +297,25 @@ class WindowReader:
         return {LAT: slice(*self.spec.fit.rows), LON: slice(*self.spec.fit.cols)}
 
     def _read(self, chs: list[Channel], idx: np.ndarray) -> np.ndarray:
+        """(n, C, h, w) float32 on the model grid. One read per variable for all its levels: a chunk holds
+        every level of a step (ERA5, WeatherBench 2, ARCO), so a read per channel would fetch and decode
+        each chunk once per level (13x at 13 levels)."""
         ds = self._open()
-        arrays = []
-        for ch in chs:
-            da = ds[ch.variable]
+        out = np.empty((len(idx), len(chs), *self.spec.kept_grid), dtype=np.float32)
+        by_var: dict[str, list[int]] = {}
+        for i, ch in enumerate(chs):
+            by_var.setdefault(ch.variable, []).append(i)
+        for name, where in by_var.items():
+            da = ds[name]
             sel = {TIME: idx, **self._kept()}
-            if ch.level is not None:
-                sel[LEVEL] = int(np.nonzero(ds[LEVEL].values == ch.level)[0][0])
-            arrays.append(da.isel(sel).values)
-        return self.spec.pad(np.stack(arrays, axis=1).astype(np.float32))  # (n, C, h, w) on the model grid
+            if chs[where[0]].level is not None:
+                levels = ds[LEVEL].values
+                sel[LEVEL] = [int(np.nonzero(levels == chs[i].level)[0][0]) for i in where]
+                values = da.isel(sel).transpose(TIME, LEVEL, ...).values
+            else:
+                values = da.isel(sel).values[:, None]
+            out[:, where] = values
+        return self.spec.pad(out)
 
     def _states(self, anchors: np.ndarray) -> np.ndarray:
         """(b, H, V_in, h, w) input states in physical units."""
