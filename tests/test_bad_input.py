@@ -83,7 +83,12 @@ def _outside(base, rng: Range, draw) -> object:
 def bad_override(draw, cmd: str, unwritable: Path | None, a_file: Path):
     cls = CONFIGS[cmd]
     keys = numeric_keys(cls)
-    family = draw(st.sampled_from(["domain", "unknown", "type", "output"]))
+    family = draw(st.sampled_from(["domain", "unknown", "type", "output", "run_name", "foreign"]))
+    if family == "run_name":
+        name = draw(st.sampled_from(["../../x", "..", "a/b", "/etc", "a\\b", "tab\there"]))
+        return [f"run_name={name}"], "run_name"
+    if family == "foreign":  # a folder with files that is no run directory (here: the sandbox's own root)
+        return [f"out_dir={a_file.parent}"], "out_dir"
     if family == "domain":
         bounded = [k for k in keys if k[2] is not None and (k[2].lo is not None or k[2].hi is not None)]
         key, base, rng, _ = draw(st.sampled_from(bounded))
@@ -121,6 +126,12 @@ def _unlock(d: Path | None) -> None:
         subprocess.run(["chattr", "-i", str(d)], capture_output=True)
 
 
+# a valid-looking rest of the command for the jobs that have required keys
+REQUIRED = {"evaluate": ["forecast=fc.zarr", "truth=truth.zarr"], "forecast": ["checkpoint=run"],
+            "prepare-data": ["source=src.nc", "out=out.zarr"],
+            "prepare-obs": ["source=st.csv", "out=obs", "stream=st"]}
+
+
 @pytest.fixture(scope="module")
 def sandbox(tmp_path_factory):
     root = tmp_path_factory.mktemp("bad_input")
@@ -145,9 +156,7 @@ def test_bad_config_is_one_line_and_changes_nothing(cmd, data, sandbox, capsys, 
     argv, key = data.draw(bad_override(cmd, locked, a_file))
     job, cfg_cls, _, _ = JOBS[cmd]
     # A valid-looking rest of the command, so the bad key is the only thing wrong.
-    required = {"evaluate": ["forecast=fc.zarr", "truth=truth.zarr"], "forecast": ["checkpoint=run"],
-                "prepare-data": ["source=src.nc", "out=out.zarr"],
-                "prepare-obs": ["source=st.csv", "out=obs", "stream=st"]}.get(cmd, [])
+    required = REQUIRED.get(cmd, [])
     before = listing(root)
 
     def must_not_run(cfg, ctx):
@@ -162,6 +171,36 @@ def test_bad_config_is_one_line_and_changes_nothing(cmd, data, sandbox, capsys, 
     assert len(errors) == 1 and "Traceback" not in err, (argv, err)
     assert key.split(".")[-1] in errors[0], (argv, errors[0])
     assert listing(root) == before, argv
+
+
+@pytest.mark.parametrize("cmd, argv, key", [
+    ("make-sample-obs", ["store=d/s.zarr", "out=d/s.zarr", "overwrite=true"], "out"),
+    ("make-sample-obs", ["store=d/s.zarr", "out=d/s.zarr/obs", "overwrite=true"], "out"),
+    ("make-sample-obs", ["store=d/s.zarr", "out=d", "overwrite=true"], "out"),
+    ("prepare-data", ["source=d/src.zarr", "out=d/src.zarr", "overwrite=true"], "out"),
+    ("prepare-obs", ["source=d/st.csv", "out=d", "stream=st"], "out"),
+    ("forecast", ["checkpoint=d/run", "out_dir=d/run"], "out_dir"),
+    ("evaluate", ["forecast=d/fc.zarr", "truth=d/t.zarr", "out_dir=d/t.zarr/x"], "out_dir"),
+])
+def test_an_output_apart_from_every_input(cmd, argv, key, tmp_path, capsys, monkeypatch):
+    """Whatever `overwrite` says: an output that is an input, lies inside one or holds one is refused."""
+    monkeypatch.setenv("WXRAY_HOME", str(tmp_path))
+    (tmp_path / "d" / "s.zarr").mkdir(parents=True)
+    (tmp_path / "d" / "st.csv").write_text("id,time,lat,lon,t\n")
+    before = listing(tmp_path)
+    rc = run_job(JOBS[cmd][0], CONFIGS[cmd], None, [*argv, "tracking.enabled=false"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and err.startswith(f"error: config key '{key}'") and "input" in err, err
+    assert listing(tmp_path) == before
+
+
+def test_an_output_inside_a_stages_directory_is_the_design(tmp_path, capsys, monkeypatch):
+    """A stage's run directory lies inside the stages directory it reads: that input holds runs."""
+    monkeypatch.setenv("WXRAY_HOME", str(tmp_path))
+    seen = {}
+    rc = run_job("train_e2e", CONFIGS["train-e2e"], lambda cfg, ctx: seen.setdefault("ok", {}),
+                 ["stage=decoder", "run_name=exp", "tracking.enabled=false"])
+    assert rc == 0 and "ok" in seen, capsys.readouterr().err
 
 
 def test_yaml_with_a_duplicated_key_is_refused(tmp_path, capsys):

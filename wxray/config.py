@@ -61,14 +61,18 @@ class PathKey:
     """Marks a str key as a file-system path: relative values (and `~`) resolve against the wxray home
     (`wxray.io.home()`) when the config is loaded, so config.yaml and RESULT hold absolute paths; URLs
     stay as they are. `output` keys (directories: run directories, zarr stores) are checked for
-    writability before any work starts; `keywords` are values that are not paths (baseline=persistence)."""
+    writability before any work starts; `keywords` are values that are not paths (baseline=persistence).
+    An output may not be an input or lie inside one, except inside an input that `holds_runs` (a stages
+    directory, a training storage root: the runs this job reads sit beside the run it writes)."""
 
     output: bool = False
     keywords: tuple[str, ...] = ()
+    holds_runs: bool = False
 
 
 InPath = Annotated[str, PathKey()]
 OutDir = Annotated[str, PathKey(output=True)]
+RunsDir = Annotated[str, PathKey(holds_runs=True)]  # an input folder of run directories
 
 
 PosInt = Annotated[int, Range(1)]

@@ -125,3 +125,53 @@ def write_text(path: str | os.PathLike, text: str) -> Path:
     with atomic_path(path) as tmp:
         tmp.write_text(text)
     return Path(path)
+
+
+def check_run_name(name: str) -> None:
+    """A run name names a run; it is never a path (jobs put it in folder names: runs/train_e2e/<run_name>)."""
+    if not name:
+        return
+    bad = next((c for c in name if c in "/\\" or ord(c) < 32), None)
+    if bad is not None or name in (".", ".."):
+        what = f"the character {bad!r}" if bad is not None else f"'{name}'"
+        raise ConfigError(f"config key 'run_name': a name, not a path: '{name}' holds {what}")
+
+
+def _within(inner: Path, outer: Path) -> bool:
+    return inner == outer or outer in inner.parents
+
+
+def check_apart(outputs: dict[str, tuple[str, bool]], inputs: dict[str, tuple[str, bool]]) -> None:
+    """ConfigError unless every local output lies apart from every local input: an output equal to an input
+    or inside one (unless that input holds runs) would be replaced while it is read, whatever `overwrite`
+    says; an input inside an output that is not a run directory (a store, an obs dir) would be replaced too.
+
+    `outputs` and `inputs` map config key -> (path, flag): for outputs the flag says "a run directory", for
+    inputs "holds runs"."""
+    for okey, (out, run_dir) in outputs.items():
+        o = Path(out).resolve()
+        for ikey, (inp, holds_runs) in inputs.items():
+            i = Path(inp).resolve()
+            if o == i:
+                raise ConfigError(f"config key '{okey}': {out} is also the input '{ikey}'; write somewhere else")
+            if _within(o, i) and not holds_runs:
+                raise ConfigError(f"config key '{okey}': {out} lies inside the input '{ikey}' ({inp}); "
+                                  f"write somewhere else")
+            if _within(i, o) and not run_dir:
+                raise ConfigError(f"config key '{okey}': {out} holds the input '{ikey}' ({inp}) and would replace "
+                                  f"it; write somewhere else")
+
+
+RUN_MARKERS = ("config.yaml", ".mlflow_run_id")
+
+
+def check_run_dir(path: str | os.PathLike, reuse: bool) -> None:
+    """ConfigError unless `path` is absent, empty, a wxray run directory (a re-run continues it), or `reuse`:
+    a job adds and rolls back files in its run directory, which must not be somebody else's folder."""
+    p = Path(path)
+    if reuse or not p.is_dir() or any(p.joinpath(m).is_file() for m in RUN_MARKERS):
+        return
+    if next(p.iterdir(), None) is not None:
+        where = f"{p} (a link to {p.resolve()})" if p.is_symlink() else str(p)
+        raise ConfigError(f"config key 'out_dir': {where} is a folder with files and not a wxray run directory "
+                          f"(no config.yaml); choose an empty or new folder, or set out_dir_reuse=true")

@@ -45,7 +45,17 @@ from wxray.config import OutDir, dump_yaml, flatten, load_config, path_keys, res
 from wxray.config_help import describe
 from wxray.data import location
 from wxray.errors import WxrayError
-from wxray.io import check_writable, home, resolve_path, under_job_submission, write_json, write_text
+from wxray.io import (
+    check_apart,
+    check_run_dir,
+    check_run_name,
+    check_writable,
+    home,
+    resolve_path,
+    under_job_submission,
+    write_json,
+    write_text,
+)
 from wxray.tracking import Tracker, TrackingConfig, check_server, redact, redact_uri, resolve_uri
 
 C = TypeVar("C", bound="JobConfig")
@@ -58,6 +68,7 @@ class JobConfig:
 
     out_dir: OutDir = ""  # run directory; "" = runs/<job>/<UTC timestamp> under the wxray home
     run_name: str = ""  # MLflow run name; "" = <what the run is>-<out_dir name>
+    out_dir_reuse: bool = False  # write into an out_dir that holds other files and is not a wxray run directory
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
     experiment = "wxray"  # the job's MLflow experiment when tracking.experiment is "" (class attribute)
@@ -199,9 +210,19 @@ def prepare(job: str, cfg_cls: type[C], argv: list[str]) -> C:
     resolve_paths(cfg, resolve_path)
     if not cfg.out_dir:
         cfg.out_dir = str(resolve_path(default_out_dir(job)))
+    check_run_name(cfg.run_name)
+    outputs, inputs = {}, {}
     for owner, name, key, marker in path_keys(cfg):
-        if marker.output and getattr(owner, name) and not location.is_remote(getattr(owner, name)):
-            check_writable(getattr(owner, name), key)
+        value = getattr(owner, name)
+        if not value or location.is_remote(value) or value in marker.keywords or any(c in value for c in "*?["):
+            continue
+        if marker.output:
+            check_writable(value, key)
+            outputs[key] = (value, key == "out_dir")
+        else:
+            inputs[key] = (value, marker.holds_runs)
+    check_apart(outputs, inputs)
+    check_run_dir(cfg.out_dir, cfg.out_dir_reuse)
     cfg.tracking.experiment = cfg.tracking.experiment or cfg.experiment
     if cfg.tracking.enabled:
         cfg.tracking.uri = resolve_uri(cfg.tracking.uri)

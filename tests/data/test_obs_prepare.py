@@ -103,6 +103,15 @@ def _bad_csv(tmp_path, edit) -> object:
     (lambda s: s, ["variables=[note]"], ["column 'note'", "not numeric"]),
     (lambda s: s, ["noise={rh: 1}"], ["noise.rh"]),
     (lambda s: s.replace("MSL", "2t"), [], ["'t2m' and '2t' both give variable '2m_temperature'"]),
+    (lambda s: s.replace("2000-01-01T18:00+06:00", "2300-01-01T00:00"), [], ["'2300-01-01T00:00'", "data row 6",
+                                                                              "1678..2261"]),
+    (lambda s: s.replace(",290.0,", ",inf,"), [], ["column 't2m'", "inf (data row 3) is not finite"]),
+    (lambda s: s.replace(",101010,", ",1e30,"), [], ["column 'MSL'", "1e+30 (data row 6)", "[85000, 110000]",
+                                                    "bounds.mean_sea_level_pressure"]),
+    (lambda s: s.replace(",281.5,", ",1e40,"), [], ["column 't2m'", "1e+40 (data row 2)", "physical bounds"]),
+    (lambda s: s.replace(",281.5,", ",abc,"), [], ["column 't2m'", "'abc' (data row 2) is not a number"]),
+    (lambda s: s, ["bounds={rh: [0, 1]}"], ["bounds.rh"]),
+    (lambda s: s, ["bounds={t2m: [300, 200]}"], ["bounds.t2m", "lo < hi"]),
 ])
 def test_bad_tables_fail_in_one_line_and_write_nothing(run, tmp_path, edit, argv, needles):
     src = _bad_csv(tmp_path, edit)
@@ -146,3 +155,12 @@ def test_unreadable_sources(run, tmp_path):
         r = run(f"source={tmp_path / src}", f"out={tmp_path / 'obs'}", "stream=s")
         assert r.rc == 2 and len(r.errors) == 1 and needle in r.errors[0], r.err
     assert not (tmp_path / "obs").exists()
+
+
+def test_bounds_are_overridable(run, csv, tmp_path):
+    """A value the built-in bounds refuse enters with the user's own bounds for that variable."""
+    src = _bad_csv(tmp_path, lambda s: s.replace(",281.5,", ",120.0,"))
+    assert run(f"source={src}", f"out={tmp_path / 'a'}", "stream=synop").rc == 2
+    r = run(f"source={src}", f"out={tmp_path / 'b'}", "stream=synop", "bounds={t2m: [100, 400]}")
+    assert r.rc == 0, r.err
+    assert pd.read_parquet(tmp_path / "b" / "points" / "stream=synop")["2m_temperature"].min() == 120.0

@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
-from wxray.config import InPath, NonNegFloat, NonNegInt, OutDir, PosFloat, PosInt, Range, Seed
+from wxray.config import AnyFloat, InPath, NonNegFloat, NonNegInt, OutDir, PosFloat, PosInt, Range, Seed
 from wxray.data.obs.prepare import prepare_obs
 from wxray.data.obs.registry import check_name
 from wxray.data.obs.sample import make_sample_obs
@@ -63,10 +63,14 @@ class PrepareObsConfig(JobConfig):
     noise: dict[str, NonNegFloat] = field(default_factory=dict)  # obs-error std per variable; unlisted = unknown
     description: str = ""  # free text for obs.yaml; "" = the source file's name
     overwrite: bool = False  # replace an existing stream of that name in the obs dir
+    bounds: dict[str, tuple[AnyFloat, AnyFloat]] = field(default_factory=dict)  # [lo, hi] per variable; {} = built-in
 
     experiment = "wxray-data"
 
     def validate(self) -> None:
+        for k, (lo, hi) in self.bounds.items():
+            if not lo < hi:
+                raise ConfigError(f"config key 'bounds.{k}': [{lo:g}, {hi:g}] is not a range (expected lo < hi)")
         if not self.source:
             raise ConfigError("config key 'source' is required (a .csv or .parquet station table)")
         if not self.out:
@@ -89,7 +93,8 @@ def make_sample_obs_main(cfg: SampleObsConfig, ctx: JobContext) -> dict[str, Any
 def prepare_obs_main(cfg: PrepareObsConfig, ctx: JobContext) -> dict[str, Any]:
     t0 = time.perf_counter()
     result = prepare_obs(cfg.source, cfg.out, cfg.stream, variables=cfg.variables, step_hours=cfg.step_hours,
-                         noise=cfg.noise, description=cfg.description, overwrite=cfg.overwrite)
+                         noise=cfg.noise, description=cfg.description, overwrite=cfg.overwrite,
+                         bounds=cfg.bounds)
     figures = {**result.figures(), "seconds": round(time.perf_counter() - t0, 2)}
     ctx.tracker.log_metrics({"n_obs": result.n_obs, "n_stations": result.n_stations,
                              "max_per_step": result.stream.max_per_step, "seconds": figures["seconds"]})

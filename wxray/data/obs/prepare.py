@@ -20,9 +20,11 @@ not reported).
 
 Every check runs before anything is written; a failure is a one-line DataError naming the file and column
 (nothing written): a missing column, times that do not parse, coordinates out of range, a duplicated
-(id, time[, level]) naming its first two rows, a stream of that name already in the obs dir (unless
-`overwrite`). The stream's statistics (mean, std over quality-0 values) and `max_per_step` (most reports in
-any interval of one `step_hours`) come from the data; obs.yaml is created or extended.
+(id, time[, level]) naming its first two rows, a time outside 1678..2261, a text cell in a variable column,
+a value that is infinite or outside the variable's physical bounds (`wxray.data.obs.bounds`, overridable
+with `bounds`), a stream of that name already in the obs dir (unless `overwrite`). The stream's statistics
+(mean, std over quality-0 values) and `max_per_step` (most reports in any interval of one `step_hours`) come
+from the data; obs.yaml is created or extended.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from wxray.data.obs.bounds import check_values
 from wxray.data.obs.points import (
     ALTITUDE,
     LAT,
@@ -142,8 +145,7 @@ def _variables(df: pd.DataFrame, roles: dict[str, str], wanted: list[str] | tupl
                 raise DataError(f"{where}: no column for variable '{w}' (columns: {', '.join(map(str, candidates))})")
             pairs.append((long_name(w), hits[0]))
     else:
-        pairs = [(long_name(str(c)), c) for c in candidates if pd.api.types.is_numeric_dtype(df[c])
-                 and not pd.api.types.is_bool_dtype(df[c])]
+        pairs = [(long_name(str(c)), c) for c in candidates if _numeric_enough(df[c])]
         if not pairs:
             raise DataError(f"{where}: no numeric variable columns besides {', '.join(map(str, taken))}")
     longs = [v for v, _ in pairs]
@@ -156,9 +158,33 @@ def _variables(df: pd.DataFrame, roles: dict[str, str], wanted: list[str] | tupl
     for v, c in out.items():
         if v in (OBS_ID, TIME, STATION, LAT, LON, LEVEL, ALTITUDE, QUALITY):
             raise DataError(f"{where}: column '{c}' would become variable '{v}', a reserved column name")
-        if not pd.api.types.is_numeric_dtype(df[c]) or pd.api.types.is_bool_dtype(df[c]):
+        if not _numeric_enough(df[c]):
             raise DataError(f"{where}: column '{c}' (variable '{v}') is not numeric")
     return out
+
+
+def _numeric_enough(col: pd.Series) -> bool:
+    """A numeric column, or one whose filled cells are mostly numbers (a stray text cell is then an error
+    naming it, rather than the whole variable vanishing)."""
+    if pd.api.types.is_bool_dtype(col):
+        return False
+    if pd.api.types.is_numeric_dtype(col):
+        return True
+    filled = col.dropna()
+    filled = filled[filled.astype(str).str.strip() != ""]
+    return len(filled) > 0 and pd.to_numeric(filled, errors="coerce").notna().mean() >= 0.5
+
+
+def _values(col: pd.Series, variable: str, where: str, bounds: dict[str, tuple[float, float]] | None) -> np.ndarray:
+    """The column as float32; a text cell, an infinite value or one outside the bounds is a DataError."""
+    x = pd.to_numeric(col, errors="coerce").to_numpy(dtype=np.float64)
+    text = np.flatnonzero(np.isnan(x) & col.notna().to_numpy() & (col.astype(str).str.strip() != "").to_numpy())
+    if text.size:
+        i = int(text[0])
+        raise DataError(f"{where}: column '{col.name}' (variable '{variable}'): {col.iloc[i]!r} ({_row(i)}) "
+                        f"is not a number")
+    check_values(x, variable, str(col.name), where, bounds)
+    return x.astype(np.float32)
 
 
 def _row(i: int) -> str:
@@ -175,7 +201,13 @@ def _times(col: pd.Series, name: str, where: str) -> np.ndarray:
     bad = np.flatnonzero(t.isna().to_numpy())
     if bad.size:
         raise DataError(f"{where}: column '{name}': time {col.iloc[bad[0]]!r} ({_row(bad[0])}) is not parseable")
-    return t.dt.tz_localize(None).to_numpy().astype("datetime64[ns]")
+    naive = t.dt.tz_localize(None).to_numpy()
+    lo, hi = np.datetime64(pd.Timestamp.min.ceil("s")), np.datetime64(pd.Timestamp.max.floor("s"))
+    out = np.flatnonzero((naive < lo) | (naive > hi))  # nanosecond times cover 1677-09-22 .. 2262-04-11
+    if out.size:
+        raise DataError(f"{where}: column '{name}': time {col.iloc[out[0]]!r} ({_row(out[0])}) is outside "
+                        f"the years 1678..2261 that nanosecond times hold")
+    return naive.astype("datetime64[ns]")
 
 
 def _numbers(col: pd.Series, name: str, where: str, lo: float, hi: float, allow_nan: bool = False) -> np.ndarray:
@@ -198,7 +230,7 @@ def _ids(col: pd.Series, name: str, where: str) -> np.ndarray:
 
 def prepare_obs(source: str | Path, out: str | Path, stream: str, variables: list[str] | tuple[str, ...] = (),
                 step_hours: float = 6.0, noise: dict[str, float] | None = None, description: str = "",
-                overwrite: bool = False) -> PrepareObsResult:
+                overwrite: bool = False, bounds: dict[str, tuple[float, float]] | None = None) -> PrepareObsResult:
     """Convert the table `source` into the point stream `stream` of the obs dir `out` (see the module doc)."""
     source, out = Path(source), Path(out)
     check_name(stream, "config key 'stream'")
@@ -240,8 +272,12 @@ def prepare_obs(source: str | Path, out: str | Path, stream: str, variables: lis
         rows[QUALITY] = q.astype(np.int8)
     else:
         rows[QUALITY] = np.zeros(len(rows), np.int8)
+    for k in (bounds or {}):
+        if long_name(k) not in var_cols:
+            raise ConfigError(f"config key 'bounds.{k}' names no variable of the stream ({', '.join(var_cols)})")
+    bounds = {long_name(k): v for k, v in (bounds or {}).items()}
     for v, c in var_cols.items():
-        rows[v] = pd.to_numeric(df[c], errors="coerce").to_numpy(dtype=np.float32)
+        rows[v] = _values(df[c], v, where, bounds)
     dup = rows.duplicated(key, keep=False).to_numpy()
     if dup.any():
         first = int(np.flatnonzero(dup)[0])

@@ -27,7 +27,7 @@ from typing import Annotated, Any, Literal
 
 import numpy as np
 
-from wxray.config import InPath, NonNegFloat, NonNegInt, PosInt, Range, Seed
+from wxray.config import InPath, NonNegFloat, NonNegInt, PosInt, Range, RunsDir, Seed
 from wxray.data.e2e_windows import E2EReader
 from wxray.data.schema import TIME, open_store, time_step
 from wxray.data.windows import choose_inits, parse_range, rollout_anchors
@@ -69,7 +69,7 @@ class ActorConfig:
 
 @dataclass
 class EnsembleConfig(JobConfig):
-    checkpoint: InPath = "runs/train_e2e/e2e"  # stages directory of jobs/train_e2e.py + jobs/finetune_stochastic.py
+    checkpoint: RunsDir = "runs/train_e2e/e2e"  # stages directory of jobs/train_e2e.py + jobs/finetune_stochastic.py
     store: InPath = ""  # "" = the store the stages were trained on
     obs_dir: InPath = ""  # "" = the observation streams the stages were trained on
     inits: str = ""  # "start/end" init times, inclusive; "" = the test split with truth at every lead

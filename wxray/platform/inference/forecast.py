@@ -32,7 +32,7 @@ from typing import Any
 import torch
 import xarray as xr
 
-from wxray.config import InPath, PosInt, Seed, from_dict, load_yaml
+from wxray.config import InPath, PosInt, RunsDir, Seed, from_dict, load_yaml
 from wxray.data import location
 from wxray.data.schema import TIME, Stats, open_stats, open_store
 from wxray.data.window_data import DataConfig
@@ -57,7 +57,7 @@ from wxray.provenance import store_fingerprint
 
 @dataclass
 class ForecastConfig(JobConfig):
-    checkpoint: InPath = ""  # a training run directory (its newest checkpoint) or a checkpoint directory, or a URL
+    checkpoint: RunsDir = ""  # a training run directory (its newest checkpoint) or a checkpoint directory, or a URL
     store: InPath = ""  # "" = the store the checkpoint was trained on
     inits: str = ""  # "start/end" init times, inclusive; "" = the training run's test split with truth at every lead
     steps: PosInt = 4  # autoregressive steps, each the checkpoint's lead (data.lead_steps native steps)

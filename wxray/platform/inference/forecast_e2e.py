@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from wxray.config import InPath, NonNegInt, PosInt, Range, Seed
+from wxray.config import InPath, NonNegInt, PosInt, Range, RunsDir, Seed
 from wxray.data.e2e_windows import E2EData, E2EReader
 from wxray.data.schema import INIT, LEAD, TIME, open_climatology, open_store
 from wxray.data.windows import choose_inits, parse_range, rollout_anchors
@@ -49,7 +49,7 @@ SEED_NOTE = "noise SeedSequence([seed, t, 1, i]); masks [seed, t, 2, i, j]; rout
 
 @dataclass
 class ForecastE2EConfig(JobConfig):
-    stages: InPath = "runs/train_e2e/e2e"  # the stages directory of jobs/train_e2e.py (runs/train_e2e/<run_name>)
+    stages: RunsDir = "runs/train_e2e/e2e"  # the stages directory of jobs/train_e2e.py (runs/train_e2e/<run_name>)
     store: InPath = ""  # "" = the store the stages were trained on
     obs_dir: InPath = ""  # "" = the observation streams the stages were trained on
     inits: str = ""  # "start/end" init times, inclusive; "" = the test split with truth at every lead

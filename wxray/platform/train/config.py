@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Annotated
 
-from wxray.config import Fraction, InPath, NonNegFloat, NonNegInt, PosFloat, PosInt, Range, Seed
+from wxray.config import Fraction, InPath, NonNegFloat, NonNegInt, PosFloat, PosInt, Range, RunsDir, Seed
 from wxray.data.window_data import DataConfig
 from wxray.errors import ConfigError
 from wxray.job import JobConfig
@@ -46,7 +46,7 @@ class LoopConfig:
     init_from: InPath = ""  # checkpoint dir/file (or its URL) to initialise weights from (fine-tuning)
     # where checkpoints go: "" = <out_dir>/ray; a URL (s3://bucket/runs) or a shared folder: <storage>/<job>/<run>/ray,
     # with a copy of the run directory beside it (platform/train/storage.py)
-    storage: InPath = ""
+    storage: RunsDir = ""
     # Fault drill: worker rank 1 (or 0 with one worker) kills its own process once, after the first step
     # of this epoch, to exercise FailureConfig + resume. -1 = off.
     fault_drill_epoch: Annotated[int, Range(-1)] = -1

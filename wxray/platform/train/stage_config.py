@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from wxray.config import InPath, NonNegFloat, NonNegInt, PosFloat, PosInt
+from wxray.config import NonNegFloat, NonNegInt, PosFloat, PosInt, RunsDir
 from wxray.data.e2e_windows import ObsDataConfig
 from wxray.errors import ConfigError
 from wxray.job import JobConfig
@@ -62,7 +62,7 @@ class TrainE2EConfig(JobConfig):
     train: LoopConfig = field(default_factory=lambda: LoopConfig(epochs=10))
     scaling: ScalingCfg = field(default_factory=ScalingCfg)
     chain_analysis_weight: NonNegFloat = 1.0  # chain: weight of the analysis error beside the lead-1 error
-    stages_dir: InPath = ""  # where the earlier stages are; "" = runs/train_e2e/<run_name>
+    stages_dir: RunsDir = ""  # where the earlier stages are; "" = runs/train_e2e/<run_name>
     ray_address: str = ""  # Ray cluster (host:port); "" = RAY_ADDRESS (ray job submit) or a new local one
     ray_timeout_s: PosFloat = 60.0  # give up on an unreachable ray_address after this many seconds
     # JobConfig: run_name names the chain of stages ("" = "e2e"); out_dir "" = runs/train_e2e/<run_name>/<stage>.

@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from wxray.config import Fraction, InPath, NonNegInt, PosInt, Probability, Range, to_dict
+from wxray.config import Fraction, NonNegInt, PosInt, Probability, Range, RunsDir, to_dict
 from wxray.data.e2e_windows import E2EData, prepare_e2e
 from wxray.errors import CheckpointError, ConfigError
 from wxray.job import JobConfig, JobContext, say
@@ -56,7 +56,7 @@ class StochasticCfg:
 @dataclass
 class FinetuneStochasticConfig(JobConfig):
     stage: Literal["encoder", "processor"] = "encoder"  # which branch to finetune (processor needs encoder first)
-    stages_dir: InPath = ""  # the deterministic chain (jobs/train_e2e.py); "" = runs/train_e2e/<run_name or e2e>
+    stages_dir: RunsDir = ""  # the deterministic chain (jobs/train_e2e.py); "" = runs/train_e2e/<run_name or e2e>
     stochastic: StochasticCfg = field(default_factory=StochasticCfg)
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=3e-4, weight_decay=1e-5, warmup_steps=5,
                                                                    min_lr_ratio=0.01))
