@@ -3,13 +3,15 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
+import time
 from dataclasses import dataclass
 
 import mlflow
 import pytest
 
 from wxray.errors import ConfigError, DataError
-from wxray.io import check_writable
+from wxray.io import check_writable, lock
 from wxray.job import JobConfig, run_job
 
 
@@ -148,3 +150,55 @@ def test_replacing_an_output_needs_a_writable_parent(tmp_path):
         check_writable(store, "out", replace=False)  # writing inside the store alone is fine
     finally:
         subprocess.run(["chattr", "-i", str(locked)] if os.geteuid() == 0 else ["chmod", "755", str(locked)])
+
+
+def test_ctrl_c_is_one_line_exit_130_killed_and_nothing_left(tmp_path, tracking_uri, capsys):
+    def interrupted(cfg, ctx):
+        (ctx.out_dir / "half.zarr").mkdir()
+        raise KeyboardInterrupt
+
+    out = tmp_path / "run"
+    rc = run_job("toy", ToyConfig, interrupted, [f"out_dir={out}", f"tracking.uri={tracking_uri}"])
+    assert rc == 130 and capsys.readouterr().err.strip() == "error: interrupted"
+    assert not out.exists()
+    runs = mlflow.search_runs(experiment_names=["wxray"], output_format="list")
+    assert [r.info.status for r in runs] == ["KILLED"]
+
+
+def test_a_run_directory_in_use_by_another_job_is_refused(tmp_path, capsys):
+    out = tmp_path / "run"
+    out.mkdir()
+    with lock(out / ".wxray.lock", wait=False):  # as a running job holds it
+        rc = run_job("toy", ToyConfig, toy_main, [f"out_dir={out}", "tracking.enabled=false"])
+        err = capsys.readouterr().err.strip()
+        assert rc == 2 and f"config key 'out_dir': {out} is in use by another wxray job (pid {os.getpid()}" in err
+        assert [p.name for p in out.iterdir()] == [".wxray.lock"]
+    assert run_job("toy", ToyConfig, toy_main, [f"out_dir={out}", "tracking.enabled=false"]) == 0
+    assert not (out / ".wxray.lock").exists() and (out / "summary.json").is_file()
+
+
+def test_two_jobs_on_one_run_directory_at_once(tmp_path):
+    """Real processes: the first to start holds the folder until the other has been refused."""
+    out, go = tmp_path / "run", tmp_path / "go"
+    code = ("import pathlib, sys, time; from wxray.job import run_job; from tests.test_job import ToyConfig\n"
+            "def main(cfg, ctx):\n"
+            "    ctx.start()\n"
+            f"    while not pathlib.Path({str(go)!r}).exists(): time.sleep(0.1)\n"
+            "    return {'x': cfg.x}\n"
+            "sys.exit(run_job('toy', ToyConfig, main, sys.argv[1:]))")
+    procs = [subprocess.Popen([sys.executable, "-c", code, f"out_dir={out}", f"x={i}", "tracking.enabled=false"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in (1, 2)]
+    refused = None
+    for _ in range(1200):
+        refused = next((p for p in procs if p.poll() is not None), None)
+        if refused:
+            break
+        time.sleep(0.1)
+    go.touch()
+    done = [(p.wait(timeout=120), p.stdout.read(), p.stderr.read()) for p in procs]
+    assert refused is not None and refused.returncode == 2, done
+    assert sorted(rc for rc, _, _ in done) == [0, 2], done
+    winner = next(o for rc, o, _ in done if rc == 0)
+    x = json.loads(winner.strip().splitlines()[-1][len("RESULT "):])["x"]
+    assert json.loads((out / "summary.json").read_text())["x"] == x and f"x: {x}" in (out / "config.yaml").read_text()
+    assert "in use by another wxray job" in next(e for rc, _, e in done if rc == 2)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import shutil
@@ -163,6 +164,7 @@ def check_apart(outputs: dict[str, tuple[str, bool]], inputs: dict[str, tuple[st
 
 
 RUN_MARKERS = ("config.yaml", ".mlflow_run_id")
+RUN_LOCK = ".wxray.lock"  # held in a run directory by the job that owns it, for as long as it runs
 
 
 def check_run_dir(path: str | os.PathLike, reuse: bool) -> None:
@@ -171,7 +173,48 @@ def check_run_dir(path: str | os.PathLike, reuse: bool) -> None:
     p = Path(path)
     if reuse or not p.is_dir() or any(p.joinpath(m).is_file() for m in RUN_MARKERS):
         return
-    if next(p.iterdir(), None) is not None:
+    if any(e.name != RUN_LOCK for e in p.iterdir()):
         where = f"{p} (a link to {p.resolve()})" if p.is_symlink() else str(p)
         raise ConfigError(f"config key 'out_dir': {where} is a folder with files and not a wxray run directory "
                           f"(no config.yaml); choose an empty or new folder, or set out_dir_reuse=true")
+
+
+class Busy(Exception):
+    """The lock is held by another process (`lock(..., wait=False)`)."""
+
+    def __init__(self, holder: str):
+        super().__init__(holder)
+        self.holder = holder
+
+
+@contextlib.contextmanager
+def lock(path: str | os.PathLike, wait: bool = True) -> Iterator[None]:
+    """Hold an exclusive lock on the file `path` (created, and removed on release) for the block.
+
+    `flock`, so a process that dies releases it. The file records the holder's pid and host. After locking,
+    the file must still be the one at `path` (a releasing holder may have removed it meanwhile): else lock
+    the new one. `wait=False` raises `Busy` naming the holder instead of waiting."""
+    path = Path(path)
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            holder = os.read(fd, 200).decode(errors="replace").strip() or "another process"
+            os.close(fd)
+            raise Busy(holder) from None
+        try:
+            same = os.stat(path).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, f"pid {os.getpid()} on {os.uname().nodename}\n".encode())
+        yield
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        os.close(fd)

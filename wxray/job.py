@@ -25,11 +25,13 @@ written. After, a failure removes the run directory (and any parent folders) thi
 existing run directory it removes the entries the job added and restores the files written through
 `ctx.write_text` (config.yaml, .mlflow_run_id) -- jobs check their inputs before starting, so they do not
 fail after replacing an earlier output. `ctx.keep_on_failure` (set once checkpoints are being written)
-keeps everything.
+keeps everything. Ctrl-C is the line `error: interrupted`, exit status 130, the MLflow run KILLED and the
+same rollback.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import os
@@ -44,13 +46,16 @@ from wxray import provenance
 from wxray.config import OutDir, dump_yaml, flatten, load_config, path_keys, resolve_paths, to_dict
 from wxray.config_help import describe
 from wxray.data import location
-from wxray.errors import WxrayError
+from wxray.errors import ConfigError, WxrayError
 from wxray.io import (
+    RUN_LOCK,
+    Busy,
     check_apart,
     check_run_dir,
     check_run_name,
     check_writable,
     home,
+    lock,
     resolve_path,
     under_job_submission,
     write_json,
@@ -60,6 +65,7 @@ from wxray.tracking import Tracker, TrackingConfig, check_server, redact, redact
 
 C = TypeVar("C", bound="JobConfig")
 VERBOSE_ENV = "WXRAY_VERBOSE"
+INTERRUPTED = 130  # the exit status of a job stopped by Ctrl-C (SIGINT), as the shell reports one
 
 
 @dataclass
@@ -106,6 +112,7 @@ class JobContext:
         self._created: Path | None = None  # the topmost folder this job created (run directory or a parent)
         self._before: set[str] | None = None  # names in an existing run directory when the job started
         self._backups: dict[Path, bytes] = {}
+        self._held = contextlib.ExitStack()
         # a second home of the run directory (a training run's folder under train.storage, maybe a URL): its
         # MLflow run id is taken from there when this directory has none, and the run's files go there at the end
         self.mirror = ""
@@ -143,7 +150,13 @@ class JobContext:
                 top = top.parent
             self._created = top
         self._out_dir.mkdir(parents=True, exist_ok=True)
-        self._before = set() if self._created else {p.name for p in self._out_dir.iterdir()}
+        try:
+            self._held.enter_context(lock(self._out_dir / RUN_LOCK, wait=False))
+        except Busy as e:
+            self._created = None  # the other job's directory: not ours to remove
+            raise ConfigError(f"config key 'out_dir': {self._out_dir} is in use by another wxray job ({e.holder}); "
+                              "wait for it to finish or choose another out_dir") from None
+        self._before = set() if self._created else {p.name for p in self._out_dir.iterdir()} | {RUN_LOCK}
         cfg = self.cfg
         cfg.run_name = cfg.run_name or f"{cfg.run_label(self.job)}-{self._out_dir.name}"
         config = to_dict(cfg)
@@ -173,6 +186,10 @@ class JobContext:
         """Write provenance.json and the MLflow tags of `ctx.provenance` (again, after a job added to it)."""
         self.write_text("provenance.json", json.dumps(self.provenance, indent=2, sort_keys=True, default=str) + "\n")
         self._tracker.set_tags(provenance.tags(self.provenance))
+
+    def release(self) -> None:
+        """Give up the run directory (its lock)."""
+        self._held.close()
 
     def rollback(self) -> None:
         """Leave the run directory as it was before the job (unless `keep_on_failure`)."""
@@ -268,7 +285,7 @@ def run_job(job: str, cfg_cls: type[C], main: Callable[[C, JobContext], dict[str
         for name in ("summary.json", "config.yaml", "provenance.json"):
             tracker.log_artifact(ctx.out_dir / name)
         if ctx.mirror:
-            location.put(ctx.out_dir, ctx.mirror, exclude=("ray",))
+            location.put(ctx.out_dir, ctx.mirror, exclude=("ray", RUN_LOCK))
         tracker.end("FINISHED")
         if tracker.run_url:
             say(f"MLflow run: {tracker.run_url}")
@@ -281,11 +298,16 @@ def run_job(job: str, cfg_cls: type[C], main: Callable[[C, JobContext], dict[str
     except KeyboardInterrupt:
         if ctx.started:
             ctx.tracker.end("KILLED")
-        return _fail("interrupted")
+        ctx.rollback()
+        kept = f": its checkpoints stay in {cfg.out_dir}; the same command resumes" if ctx.keep_on_failure else ""
+        _fail(f"interrupted{kept}")
+        return INTERRUPTED
     except BaseException:
         # A bug, not bad input: keep the traceback, but do not leave the MLflow run "RUNNING".
         if ctx.started:
             ctx.tracker.end("FAILED")
         raise
+    finally:
+        ctx.release()
     print("RESULT " + json.dumps(result, sort_keys=True, default=str), flush=True)
     return 0

@@ -3,6 +3,8 @@ and every bad input as one error line with nothing written."""
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -11,6 +13,9 @@ from tests.data.data_helpers import JobRun
 from tests.data.obs_helpers import listing
 from wxray.data.obs import ObsWindowReader, make_obs_spec, open_registry
 from wxray.data.obs.jobs import PrepareObsConfig, prepare_obs_main
+from wxray.data.obs.prepare import prepare_obs
+from wxray.data.obs.windows import check_reports
+from wxray.errors import DataError
 from wxray.job import run_job
 
 CSV = """Station,Date,LAT,long,elev,QC,t2m,MSL,note
@@ -164,3 +169,33 @@ def test_bounds_are_overridable(run, csv, tmp_path):
     r = run(f"source={src}", f"out={tmp_path / 'b'}", "stream=synop", "bounds={t2m: [100, 400]}")
     assert r.rc == 0, r.err
     assert pd.read_parquet(tmp_path / "b" / "points" / "stream=synop")["2m_temperature"].min() == 120.0
+
+
+def test_a_stream_without_reports_in_the_period_is_named(run, csv, tmp_path):
+    """Training on a stream that reports nowhere in the store's period would see zero observations of it."""
+    out = tmp_path / "obs"
+    assert run(f"source={csv}", f"out={out}", "stream=synop").rc == 0
+    spec = make_obs_spec(out, np.timedelta64(6, "h"))
+    check_reports(spec, np.array(["2000-01-01T06", "2000-01-02T00"], dtype="datetime64[ns]"), "the store")
+    with pytest.raises(DataError, match=r"stream 'synop' of obs dir .* no reports in the period of the store "
+                                        r"\(2009-12-31T18:00 .. 2010-01-02T00:00\)"):
+        check_reports(spec, np.array(["2010-01-01T00", "2010-01-02T00"], dtype="datetime64[ns]"), "the store")
+
+
+def test_streams_added_at_once_are_all_registered(csv, tmp_path):
+    """Four streams into one obs dir from four threads at once: obs.yaml names every one (the registry lock)."""
+    out = tmp_path / "obs"
+    barrier = threading.Barrier(4)
+
+    def add(name):
+        barrier.wait()
+        prepare_obs(csv, out, stream=name)
+
+    threads = [threading.Thread(target=add, args=(f"s{i}",)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(open_registry(out).names) == ["s0", "s1", "s2", "s3"]
+    assert sorted(p.name for p in (out / "points").iterdir()) == [f"stream=s{i}" for i in range(4)]
+    assert not (out / ".obs.yaml.lock").exists()

@@ -131,6 +131,12 @@ def test_stages_forecast_and_station_scores(chain, small_obs, tmp_path):
           "tracking.enabled=false"])
     denied = xr.open_zarr(tmp_path / "d" / "forecast.zarr")
     assert not np.allclose(denied.geopotential.isel(lead_time=0), fc.geopotential.isel(lead_time=0))
+    said = io.StringIO()
+    with contextlib.redirect_stdout(said):  # every stream denied: it runs, and says what that means
+        rc = run_job("forecast_e2e", ForecastE2EConfig, forecast_e2e,
+                     [f"stages={stages}", "steps=1", INITS, f"out_dir={tmp_path / 'all'}", f"deny=[{','.join(names)}]",
+                      "tracking.enabled=false"])
+    assert rc == 0 and "wxray: warning: deny withholds every stream" in said.getvalue()
 
     res = _run("evaluate", EvaluateConfig, evaluate,
                [f"forecast={out / 'forecast.zarr'}", f"stations={out / 'stations.parquet'}",
@@ -148,6 +154,9 @@ def test_stochastic_uplift_and_nested_members_recomputed_alone(chain, tmp_path):
              "stochastic.noise_dim=4", f"stages_dir={stages}", f"tracking.uri={uri}"]
     enc = _run("finetune_stochastic", FinetuneStochasticConfig, finetune_stochastic, ["stage=encoder", *small])
     assert enc["from"] == "chain" and enc["epochs"] == 1
+    with pytest.raises(ConfigError, match=r"stochastic.leads'=1000: at lead 1000 the .*hold no windows"):
+        finetune_stochastic(load_config(FinetuneStochasticConfig, ["stage=processor", "stochastic.leads=1000",
+                                                                   f"stages_dir={stages}"]), None)
     proc = _run("finetune_stochastic", FinetuneStochasticConfig, finetune_stochastic,
                 ["stage=processor", "stochastic.leads=2", *small])
     assert set(proc["leads"]) == {"lead_1", "lead_2"}
@@ -267,6 +276,7 @@ def test_ensemble_and_ose_jobs_on_actors(chain, tmp_path, capsys):
                       (["workers.actors=64", "workers.num_cpus=3", "inits=2000-01-01T06/2000-01-02T12"], "num_cpus=3"),
                       ([], "need at least 6"),  # the test split of this store: one init, too few for the CIs
                       (["significance_method=paper"], "need at least 4"),
+                      (["workers.device=cuda"], "workers.num_gpus=0"), (["workers.device=gpu"], "workers.device"),
                       (["inits=1990-01-01T00/1990-01-02T00"], "inits=")):
         bad = tmp_path / "bad"
         rc = run_job("ose", OSEConfig, ose, [*common, *argv, f"out_dir={bad}", "tracking.enabled=false"])
@@ -282,3 +292,10 @@ def test_ensemble_and_ose_jobs_on_actors(chain, tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and "members.M=2" in err[0] and "no stochastic encoder" in err[0], err
     assert not (tmp_path / "bad").exists()
+    db = tmp_path / "fx.db"  # forecast_e2e likewise refuses before it opens an MLflow run
+    rc = run_job("forecast_e2e", ForecastE2EConfig, forecast_e2e,
+                 [f"stages={plain}", "members.M=2", "members.N=2", "steps=1", INITS, f"out_dir={tmp_path / 'bad'}",
+                  f"tracking.uri=sqlite:///{db}"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "no stochastic encoder" in err[0], err
+    assert not (tmp_path / "bad").exists() and not db.exists()

@@ -64,7 +64,11 @@ def forecast_trial_fn(config: dict[str, Any]) -> None:
         ev_dir = Path(cfg.out_dir) / "evaluate"
         ev = EvaluateConfig(forecast=result["forecast"], truth=result["store"], plots=False, out_dir=str(ev_dir))
         ev.tracking.enabled = False
-        evaluate(ev, JobContext("evaluate", ev, ev_dir))
+        ev_ctx = JobContext("evaluate", ev, ev_dir)
+        try:
+            evaluate(ev, ev_ctx)
+        finally:
+            ev_ctx.release()
         metrics.update(scorecard_metrics(ev_dir / "scorecard.csv"))
         ctx.tracker.log_metrics(metrics)
         return {**result, **metrics}

@@ -68,6 +68,8 @@ def run_trial(config: dict[str, Any], cls: type, job: str, work) -> dict[str, An
         if ctx.started:
             ctx.tracker.end("FAILED")
         raise
+    finally:
+        ctx.release()
     write_json(trial_dir / "summary.json", {**result, "out_dir": str(trial_dir), "trial_id": trial_id})
     ctx.tracker.log_artifact(trial_dir / "summary.json")
     ctx.tracker.end("FINISHED")

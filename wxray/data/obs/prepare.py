@@ -56,6 +56,7 @@ from wxray.data.obs.registry import (
     POINT,
     POINTS_PATH,
     REGISTRY,
+    REGISTRY_LOCK,
     StreamInfo,
     check_name,
     empty_registry,
@@ -65,6 +66,7 @@ from wxray.data.obs.registry import (
 from wxray.data.schema import SHORT_NAMES
 from wxray.data.sources import first_line
 from wxray.errors import ConfigError, DataError
+from wxray.io import lock
 
 ALIASES = {
     STATION: ("id", "station", "station_id", "platform"),
@@ -294,13 +296,16 @@ def prepare_obs(source: str | Path, out: str | Path, stream: str, variables: lis
                       max_per_step(report_times(rows), step),
                       description or f"point stream prepared from {source.name}")
     table = to_table(rows, names)
-    # every check has passed: write the stream, then the registry that names it
+    # every check has passed: write the stream, then the registry that names it, under the obs dir's lock
+    # and from the registry as it is now (another job may have added a stream since it was read above)
     out.mkdir(parents=True, exist_ok=True)
-    write_point_stream(out, POINTS_PATH, stream, table)
-    streams = dict(reg.streams)
-    streams[stream] = info
-    reg.streams = streams
-    write_registry(reg, out)
+    with lock(out / REGISTRY_LOCK):
+        reg = open_registry(out) if (out / REGISTRY).exists() else reg
+        if stream in reg.streams and not overwrite:
+            raise DataError(f"obs dir {out} already has a stream '{stream}' (set overwrite=true to replace it)")
+        write_point_stream(out, POINTS_PATH, stream, table)
+        reg.streams = {**reg.streams, stream: info}
+        write_registry(reg, out)
     times = rows[TIME].to_numpy()
     return PrepareObsResult(out, info, len(rows), int(rows[STATION].nunique()),
                             str(times.min())[:19], str(times.max())[:19])

@@ -40,6 +40,7 @@ from wxray.errors import ConfigError, DataError
 from wxray.io import write_text
 
 REGISTRY = "obs.yaml"
+REGISTRY_LOCK = ".obs.yaml.lock"  # held while a job adds a stream: two at once would each drop the other's entry
 VERSION = 1
 POINT, GRIDDED = "point", "gridded"
 KINDS = (POINT, GRIDDED)

@@ -169,3 +169,24 @@ class ObsWindowReader:
             mask[i] = ok
         p = f"obs.{s.name}"
         return {f"{p}.values": values, f"{p}.mask": mask}
+
+
+def count_reports(spec: ObsSpec, stream: StreamInfo, lo: np.datetime64, hi: np.datetime64) -> int:
+    """Reports (rows, or time steps of a gridded stream) of `stream` with lo < time <= hi."""
+    path = stream.data_path(spec.obs_dir)
+    if stream.kind == POINT:
+        t = pads.field(TIME)
+        return int(open_point_dataset(path).count_rows(filter=(t > pads.scalar(lo)) & (t <= pads.scalar(hi))))
+    return len(GriddedSource(path, f"stream '{stream.name}'").in_window(lo, hi))
+
+
+def check_reports(spec: ObsSpec, times: np.ndarray, where: str) -> None:
+    """DataError naming the stream when one of `spec` has no report in any window of the analysis `times`:
+    it would train with zero observations of it, and quietly so."""
+    times = np.asarray(times, dtype="datetime64[ns]")
+    lo, hi = times.min() - spec.window_steps * spec.step, times.max()
+    for s in spec.streams:
+        if count_reports(spec, s, lo, hi) == 0:
+            raise DataError(f"stream '{s.name}' of obs dir {spec.obs_dir} has no reports in the period of {where} "
+                            f"({str(lo)[:16]} .. {str(hi)[:16]}): check the store and obs dir belong together, "
+                            f"or leave the stream out (data.streams)")

@@ -20,6 +20,7 @@ An interrupted run continues where it stopped when re-run with the same `out_dir
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,8 +64,16 @@ class ActorConfig:
     num_cpus: Annotated[float, Range(0)] = 1.0  # CPUs per actor (also its torch threads when num_gpus = 0)
     num_gpus: NonNegFloat = 0.0  # GPUs per actor, whole or fractional (0.5: two replicas share a GPU)
     vendor: Literal["any", "nvidia", "amd"] = "any"  # any: actors on NVIDIA and AMD nodes at once
-    device: str = "auto"  # auto = the actor's GPU when it has one, else cpu
+    device: str = "auto"  # auto = the actor's GPU when it has one, else cpu; cuda / cuda:<i> need num_gpus > 0
     max_restarts: NonNegInt = 3  # an actor that dies is restarted this often; its units are retried
+
+    def validate(self) -> None:
+        # Checked here, on the driver: an actor that cannot reach its device fails only after the work started.
+        if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device):
+            raise ConfigError(f"config key 'workers.device' expects auto, cpu, cuda or cuda:<i>, got {self.device!r}")
+        if self.device.startswith("cuda") and self.num_gpus == 0:
+            raise ConfigError(f"config key 'workers.device' is {self.device!r} but workers.num_gpus=0: an actor sees "
+                              "a GPU only when it asks for one (set workers.num_gpus, or workers.device=auto)")
 
 
 @dataclass

@@ -16,6 +16,7 @@ import torch
 from wxray.config import load_yaml
 from wxray.data.e2e_windows import E2EData, prepare_e2e
 from wxray.errors import CheckpointError, ConfigError
+from wxray.job import say
 from wxray.models import StochasticEncoder
 from wxray.models.registry import build_forecaster
 from wxray.platform.train import checkpoints
@@ -41,10 +42,13 @@ def load_chain(stages: str | Path, store: str = "", obs_dir: str = "", deny: Seq
     trained = checkpoints.apply_normalisation(data.spec, checkpoints.read_meta(ckpt), ckpt)
     if trained is not None:
         data.windows.spec = trained
+    names = [s.name for s in data.obs.streams]
     for name in deny:
-        if name not in [s.name for s in data.obs.streams]:
-            raise ConfigError(f"deny names '{name}', not a stream the encoder reads "
-                              f"({', '.join(s.name for s in data.obs.streams)})")
+        if name not in names:
+            raise ConfigError(f"deny names '{name}', not a stream the encoder reads ({', '.join(names)})")
+    if names and set(names) <= set(deny):
+        say(f"warning: deny withholds every stream ({', '.join(names)}): the encoder sees no observations, "
+            "so the forecast starts from its learned prior alone")
     encoder, used = build_encoder(tcfg, data), {"encoder": str(ckpt)}
     if chain is not None:
         state, _ = checkpoints.load(ckpt, expect_model=stage_identity(tcfg, data, "chain"))

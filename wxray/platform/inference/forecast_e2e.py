@@ -158,16 +158,17 @@ def forecast_e2e(cfg: ForecastE2EConfig, ctx: JobContext) -> dict[str, Any]:
     ds = open_store(data.spec.store)
     anchors = choose_inits(ds, data.spec, data.windows.anchors["test"], cfg.inits, cfg.steps, data.spec.store)
     init_times = ds[TIME].values[anchors]
+    m, n = cfg.members.M, cfg.members.N
+    if m * n > 1:  # before the job starts: stages without the stochastic finetunes are bad input
+        senc, sproc, p, found = load_stochastic(Path(cfg.stages), tcfg, data, m, n, cfg.dropout)
+        used = {**used, **found}
     tracker = ctx.tracker
     if decoder is None:
         say(f"no decoder stage under {cfg.stages}: gridded forecasts only")
     say(f"forecasting {len(anchors)} init(s), {cfg.steps} step(s) from the analysis"
         + (f", denying {', '.join(cfg.deny)}" if cfg.deny else ""))
-    m, n = cfg.members.M, cfg.members.N
     members, extra = None, {}
     if m * n > 1:
-        senc, sproc, p, found = load_stochastic(Path(cfg.stages), tcfg, data, m, n, cfg.dropout)
-        used = {**used, **found}
         say(f"nested ensemble: {m} encoder draw(s) x {n} dropout member(s) (p={p:g})")
         table = station_table(data) if decoder is not None else None
         models = UnitModels(data.spec, senc, sproc or processor, decoder,

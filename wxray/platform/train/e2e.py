@@ -13,7 +13,10 @@ from typing import Any
 
 from wxray.config import from_dict, load_yaml
 from wxray.data.e2e_windows import E2EData, E2EReader, prepare_e2e
+from wxray.data.obs.windows import check_reports
+from wxray.data.schema import TIME
 from wxray.data.window_data import DataConfig
+from wxray.data.windows import open_lazy
 from wxray.errors import CheckpointError, ConfigError, DataError
 from wxray.job import JobContext, say
 from wxray.models.registry import model_identity
@@ -78,6 +81,8 @@ def train_e2e(cfg: TrainE2EConfig, ctx: JobContext) -> dict[str, Any]:
     if cfg.stage == "processor":
         return train_sparse(processor_config(cfg), ctx)
     data = prepare_e2e(cfg.data, cfg.encoder.patch_size)
+    train_times = open_lazy(data.spec.store)[TIME].values[data.windows.anchors["train"]]
+    check_reports(data.obs, train_times, "the training split")
     try:
         build_stage_model(cfg, data)
     except ValueError as e:

@@ -267,6 +267,12 @@ def finetune_stochastic(cfg: FinetuneStochasticConfig, ctx: JobContext) -> dict[
     if checkpoints.latest(stages / "stochastic_encoder" / "ray") is None:
         raise CheckpointError(f"stage processor is trained on the stochastic encoder's analyses: none under "
                               f"{stages / 'stochastic_encoder'} (run jobs/finetune_stochastic.py stage=encoder)")
+    last = prepare_e2e(replace(run.data, lead_steps=cfg.stochastic.leads), run.encoder.patch_size)
+    empty = [k for k, a in data.windows.anchors.items() if len(a) and not len(last.windows.anchors.get(k, ()))]
+    if empty:  # checked before lead 1 trains: otherwise the late leads finetune and score on nothing
+        raise ConfigError(f"config key 'stochastic.leads'={cfg.stochastic.leads}: at lead {cfg.stochastic.leads} the "
+                          f"{' and '.join(empty)} split(s) of store {last.spec.store} hold no windows (the store is "
+                          "too short for that many leads); use fewer leads")
     prev, out = "", {}
     for lead in range(1, cfg.stochastic.leads + 1):
         epochs = cfg.train.epochs if lead == 1 or not cfg.stochastic.lead_epochs else cfg.stochastic.lead_epochs
