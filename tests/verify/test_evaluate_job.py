@@ -3,6 +3,7 @@ the real ERA5 members; every bad input is a one-line error with exit status 2 an
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -15,8 +16,9 @@ import xarray as xr
 from tests.fixture_files import ERA5_CORRUPTED
 from tests.verify.conftest import ERA5_MEMBERS, make_store, nested_forecast, run_evaluate, write_zarr
 from wxray.data.schema import open_store
+from wxray.job import run_job
 from wxray.verify import crps_fair, persistence_forecast, rmse, truth_at
-from wxray.verify.evaluate import EvaluateConfig
+from wxray.verify.evaluate import EvaluateConfig, evaluate
 
 ROOT = Path(__file__).resolve().parents[2]
 CHANNELS = ("geopotential_500", "geopotential_850", "2m_temperature")
@@ -189,12 +191,19 @@ def _with_nan(ds):
     return ds
 
 
+def _all_inf(ds):
+    return ds.load().assign(geopotential=ds.geopotential * 0 + np.inf)
+
+
 BAD_FORECASTS = [
     (_coarse, [], "grid 8x16 differs from the truth grid 16x32 (set regrid=true"),
     (_one_member, [], "member dim 'member' has 1 entries; need at least 2 members"),
     (_nested(1, 3), [], "need at least 2 groups for the ANOVA split"),
     (_nested(3, 1), [], "need at least 2 replicates for the ANOVA split"),
-    (_with_nan, [], "'2m_temperature' lead 24 h: 1 NaN values in forecast or truth (set skipna=true"),
+    (_with_nan, [], "'2m_temperature' lead 24 h: 1 missing (NaN) or infinite values in forecast or truth "
+     "(set skipna=true"),
+    (_all_inf, [], "'geopotential_500' lead 6 h: 6144 missing (NaN) or infinite values"),
+    (_all_inf, ["skipna=true"], "geopotential_500"),  # nothing left to score: named, not dropped
     (lambda ds: ds, ["variables=[vorticity]"], "variable 'vorticity' not found"),
     (lambda ds: ds, ["n_bootstrap=10"], "config key 'n_bootstrap' must be >= 100, got 10"),
     (lambda ds: ds, ["truth_member=first"], "config key 'truth_member'"),
@@ -298,6 +307,23 @@ def test_regrid_and_skipna_recover(store_path, tmp_path, capsys):
     assert result["nan_points"] == 1 and np.isfinite(result["rmse.2m_temperature.24h"])
     card = xr.open_dataset(tmp_path / "b" / "scorecard.nc")
     assert int(card["nan_points"].sel(channel="2m_temperature")) == 1
+
+
+def test_a_variable_one_side_lacks_is_named(store_path, tmp_path, capsys):
+    """A forecast whose geopotential is stored as `z500`: scored without it, and the warning and RESULT say so."""
+    ds = open_store(store_path)
+    fc = persistence_forecast(ds, ds.time.values[:12], [6, 24]).rename_vars({"geopotential": "geopot"})
+    forecast = write_zarr(fc, tmp_path / "renamed.zarr")
+    rc = run_job("evaluate", EvaluateConfig, evaluate, [f"forecast={forecast}", f"truth={store_path}", "plots=false",
+                                                        f"out_dir={tmp_path / 'a'}", "tracking.enabled=false",
+                                                        "n_bootstrap=100"])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    assert f"wxray: warning: not scored, only in the forecast {forecast}: geopot" in out
+    assert f"wxray: warning: not scored, only in truth {store_path}: geopotential" in out
+    result = json.loads(out.strip().splitlines()[-1].removeprefix("RESULT "))
+    assert result["unscored"] == {"forecast_only": ["geopot"], "truth_only": ["geopotential"]}
+    assert not any(k.startswith("rmse.geopotential") for k in result) and "rmse.2m_temperature.6h" in result
 
 
 def test_make_persistence_option(store_path, tmp_path, capsys):

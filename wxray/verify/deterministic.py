@@ -7,6 +7,7 @@ formed as sqrt(mean over inits of the per-init MSE), never as a mean of per-init
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 
 import numpy as np
@@ -91,7 +92,9 @@ def _ssim_map(x: np.ndarray, y: np.ndarray, sigma: float, k1: float, k2: float,
     def smooth(a: np.ndarray) -> np.ndarray:
         return gaussian_filter(a, sigma=sigma, mode=mode, truncate=3.5, axes=(-2, -1))
 
-    data_range = np.nanmax(y, axis=(-2, -1), keepdims=True) - np.nanmin(y, axis=(-2, -1), keepdims=True)
+    with warnings.catch_warnings():  # a field with no valid point (skipna) has no range: 1.0 below
+        warnings.simplefilter("ignore", RuntimeWarning)
+        data_range = np.nanmax(y, axis=(-2, -1), keepdims=True) - np.nanmin(y, axis=(-2, -1), keepdims=True)
     data_range = np.where(data_range > 0, data_range, 1.0)
     c1, c2 = (k1 * data_range) ** 2, (k2 * data_range) ** 2
     mx, my = smooth(x), smooth(y)

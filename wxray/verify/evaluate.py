@@ -173,6 +173,11 @@ def load_inputs(cfg: EvaluateConfig):
         forecast.data = check_grid(forecast.data, truth, forecast.name, False)
     # Configured order, else sorted: a store does not promise an order of its variables (stable panels)
     names = cfg.variables or sorted(str(v) for v in forecast.data.data_vars if v in truth.data_vars)
+    unscored = {} if cfg.variables else {
+        "forecast_only": sorted(str(v) for v, a in forecast.data.data_vars.items()
+                                if v not in truth.data_vars and INIT in a.dims),
+        "truth_only": sorted(str(v) for v, a in truth.data_vars.items()
+                             if v not in forecast.data.data_vars and TIME in a.dims)}
     if not names:
         raise DataError(f"{forecast.name}: no variable in common with truth {cfg.truth} "
                         f"(forecast has {', '.join(map(str, forecast.data.data_vars))})")
@@ -200,7 +205,16 @@ def load_inputs(cfg: EvaluateConfig):
                 raise DataError(f"{baseline.name}: lacks {len(missing)} of the forecast's {dim} values "
                                 f"(first: {missing[0]}); comparisons need identical inits and leads")
         baseline.data = baseline.data.sel({INIT: inits, LEAD: leads})
-    return forecast, baseline, truth, climatology, chans
+    return forecast, baseline, truth, climatology, chans, {k: v for k, v in unscored.items() if v}
+
+
+def _say_unscored(unscored: dict[str, list[str]], forecast: str, truth: str) -> None:
+    """A variable one side lacks is not scored: say so (a renamed variable would otherwise just vanish)."""
+    if unscored.get("forecast_only"):
+        say(f"warning: not scored, only in the {forecast}: {', '.join(unscored['forecast_only'])} "
+            f"(truth {truth} has no variable of that name)")
+    if unscored.get("truth_only"):
+        say(f"warning: not scored, only in truth {truth}: {', '.join(unscored['truth_only'])}")
 
 
 def headline(card: xr.Dataset) -> dict[str, Any]:
@@ -285,7 +299,8 @@ def evaluate(cfg: EvaluateConfig, ctx: JobContext) -> dict[str, Any]:
     stations = score_stations(cfg) if cfg.stations else None  # cheap: bad station input fails first
     if not cfg.truth:  # station-only (validate: stations is set)
         return {"stations": _write_stations(stations, ctx)}
-    forecast, baseline, truth, climatology, chans = load_inputs(cfg)
+    forecast, baseline, truth, climatology, chans, unscored = load_inputs(cfg)
+    _say_unscored(unscored, forecast.name, cfg.truth)
     card = build_scorecard(forecast, truth, chans, climatology=climatology, baseline=baseline,
                            region=None if cfg.region == "global" else cfg.region, skipna=cfg.skipna,
                            n_bootstrap=cfg.n_bootstrap, confidence=cfg.confidence,
@@ -313,6 +328,8 @@ def evaluate(cfg: EvaluateConfig, ctx: JobContext) -> dict[str, Any]:
         ctx.tracker.log_artifact(out / "plots", artifact_path="plots")
     _log_metrics(card, ctx)
     result = {**headline(card), "scorecard": str(out / "scorecard.nc")}
+    if unscored:
+        result["unscored"] = unscored
     if stations is not None:
         result["stations"] = _write_stations(stations, ctx)
     return result

@@ -23,7 +23,7 @@ Layout (an xarray Dataset, written as netCDF; `scorecard_table` gives the same a
   (1/0 at level `significance`; NaN: not compared);
 * `rank_histogram` (channel, lead_time, rank); time-mean maps `crps_map` and `spread_map` of an ensemble,
   `mae_map` of a one-member forecast (its CRPS is its absolute error, so the map is the MAE);
-* `nan_points` (channel): points skipped with skipna.
+* `nan_points` (channel): points skipped with skipna (NaN or infinite: an inf counts as missing).
 
 attrs: `forecast`, `baseline` (names), `significance_method` (of the intervals and tests), `rel_diff_convention`.
 """
@@ -123,6 +123,11 @@ class Model:
                                 f"least 2 {kind} (drop the dim to score a deterministic forecast)")
 
 
+def _finite(a: xr.DataArray) -> xr.DataArray:
+    """Infinite values as NaN: an inf is no forecast (a blown-up model, a bad fill value), never a score."""
+    return a.where(np.isfinite(a))
+
+
 def _nan_count(*arrays: xr.DataArray) -> int:
     return int(sum(int(a.isnull().sum()) for a in arrays))
 
@@ -218,11 +223,12 @@ def build_scorecard(forecast: Model, truth: xr.Dataset, channels: list[Channel],
         truth_da = select_channel(truth, ch)
         for j, lead in enumerate(leads):
             what = f"{forecast.name} '{ch.name}' lead {lead / np.timedelta64(1, 'h'):g} h"
-            t = truth_at(truth_da, inits, lead, what).load().astype(np.float64)
-            fields = [select_channel(m.data, ch).sel({LEAD: lead}).load().astype(np.float64) for m in models]
+            t = _finite(truth_at(truth_da, inits, lead, what).load().astype(np.float64))
+            fields = [_finite(select_channel(m.data, ch).sel({LEAD: lead}).load().astype(np.float64))
+                      for m in models]
             nans = _nan_count(t, *fields)
             if nans and not skipna:
-                raise DataError(f"{what}: {nans} NaN values in forecast or truth "
+                raise DataError(f"{what}: {nans} missing (NaN) or infinite values in forecast or truth "
                                 "(set skipna=true to skip them)")
             nan_points[c] += nans
             clim = None
