@@ -194,3 +194,15 @@ def test_make_sample_obs_job(small_store, tmp_path, capsys):
     assert r["n_obs"] == sum(s["n_obs"] for s in r["streams"].values())
     assert open_registry(tmp_path / "obs").streams["swath_tb"].latitude.size == 12
     assert not list(tmp_path.glob(".obs.tmp-*"))
+
+
+def test_a_swath_grid_that_cannot_fit_is_refused_before_any_work(small_store, tmp_path, capsys):
+    from wxray.data.obs.jobs import SampleObsConfig, make_sample_obs_main
+    from wxray.job import run_job
+
+    rc = run_job("make_sample_obs", SampleObsConfig, make_sample_obs_main,
+                 [f"store={small_store}", f"out={tmp_path / 'obs'}", "swath_grid=100000x200000",
+                  f"out_dir={tmp_path / 'run'}", "tracking.enabled=false"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and err.startswith("error: swath_grid=100000x200000 over the store's") and "lower swath_grid" in err
+    assert not list(tmp_path.iterdir())

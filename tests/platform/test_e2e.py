@@ -277,6 +277,7 @@ def test_ensemble_and_ose_jobs_on_actors(chain, tmp_path, capsys):
                       ([], "need at least 6"),  # the test split of this store: one init, too few for the CIs
                       (["significance_method=paper"], "need at least 4"),
                       (["workers.device=cuda"], "workers.num_gpus=0"), (["workers.device=gpu"], "workers.device"),
+                      (["members.N=100000000", "inits=2000-01-01T06/2000-01-02T12"], "lower members.N"),
                       (["inits=1990-01-01T00/1990-01-02T00"], "inits=")):
         bad = tmp_path / "bad"
         rc = run_job("ose", OSEConfig, ose, [*common, *argv, f"out_dir={bad}", "tracking.enabled=false"])

@@ -66,6 +66,7 @@ from wxray.data.schema import GLOBAL, TRAJECTORY, grid_kind, open_stats, open_st
 from wxray.data.schema import LEVEL as STORE_LEVEL
 from wxray.errors import DataError
 from wxray.io import atomic_path, resolve_path
+from wxray.sizes import check_memory
 
 DEFAULT_STORE = "data/sample_32x64.zarr"
 STREAM_KEYS = {"stations": 1, "ships": 2, "profiles": 3, "swath_tb": 4, "swath_wind": 5}
@@ -334,6 +335,9 @@ def make_sample_obs(store: str | Path = DEFAULT_STORE, out: str | Path = "data/s
     tr = Truth(store)
     if tr.n_times < 2:
         raise DataError(f"store {store}: sample observations need at least 2 time steps")
+    # each swath stream holds a few (T, h, w) float64 fields at once (interpolated truth, noise, mask)
+    check_memory(2 * 6 * 8 * tr.n_times * swath[0] * swath[1],
+                 f"swath_grid={swath[0]}x{swath[1]} over the store's {tr.n_times} time steps", "swath_grid")
     glat, glon = swath_grid(*swath)
     streams: list[StreamInfo] = []
     tables, grids = {}, {}

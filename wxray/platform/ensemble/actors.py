@@ -66,6 +66,12 @@ def check_fits(actors: int, num_cpus: float, num_gpus: float, vendor: str = "any
                           "actors or the per-actor resources")
 
 
+def largest_node_memory() -> float | None:
+    """Bytes of Ray's `memory` resource on the cluster's largest node (None: not connected)."""
+    mem = [n.total.get("memory", 0.0) for n in cluster_nodes()]
+    return max(mem) if mem and max(mem) > 0 else None
+
+
 def _device(name: str) -> str:
     if name != "auto":
         return name

@@ -35,13 +35,14 @@ from wxray.data.windows import choose_inits, parse_range, rollout_anchors
 from wxray.errors import ConfigError
 from wxray.job import JobConfig, JobContext, say
 from wxray.platform.cluster.session import ensure_ray
-from wxray.platform.ensemble.actors import check_fits, fan_out
+from wxray.platform.ensemble.actors import check_fits, fan_out, largest_node_memory
 from wxray.platform.ensemble.report import analyse, summary_line
 from wxray.platform.ensemble.store import EnsembleStore, Layout
 from wxray.platform.inference.chain import load_chain, load_stochastic, station_table
 from wxray.platform.inference.nested import Members, Plan, UnitModels
 from wxray.platform.train.rollout import routing_varies
 from wxray.platform.train.stages import StationSet
+from wxray.sizes import check_disk, check_memory
 from wxray.verify.lead_scores import truth_like
 
 
@@ -133,6 +134,20 @@ def build_models(cfg: EnsembleConfig) -> tuple[UnitModels, Layout, np.ndarray, A
     return models, layout, anchors, data, used
 
 
+def check_sizes(layouts: Sequence[Layout], n_init: int, out_dir: Path) -> None:
+    """Refuse, from the shapes, a unit no node's memory holds (its N x R members' fields and states at once)
+    and members that do not fit on the disk of `out_dir` (compressed at best 2:1)."""
+    plan, spec = layouts[0].plan, layouts[0].spec
+    member = (plan.lead_steps + 1) * len(spec.inputs) * int(np.prod(spec.kept_grid)) * 4
+    unit = plan.members_n * plan.members_r * member
+    check_memory(2 * unit, f"one unit (members.N={plan.members_n} x members.R={plan.members_r} members of "
+                 f"{plan.lead_steps + 1} steps)", "members.N (or members.R, lead_steps)", have=largest_node_memory())
+    if plan.keep_members:
+        check_disk(len(layouts) * n_init * plan.members_m * unit / 2, out_dir,
+                   f"{len(layouts)} run(s) of {n_init} init(s) x {plan.members_m * plan.members_n * plan.members_r} "
+                   "members", "the members, inits or lead_steps (or set keep_members=false)")
+
+
 def run_members(cfg: EnsembleConfig, ctx: JobContext, models: UnitModels, layouts: Sequence[Layout],
                 anchors: np.ndarray, data, sub_dirs: Sequence[str] = ("",)) -> list[dict[str, Path]]:
     """Fan the units of one or more runs (`layouts` differing only in the streams they deny, each written to
@@ -143,6 +158,7 @@ def run_members(cfg: EnsembleConfig, ctx: JobContext, models: UnitModels, layout
     ensure_ray(cfg.ray_address)
     members_m = layouts[0].plan.members_m
     check_fits(min(w.actors, len(anchors) * members_m), w.num_cpus, w.num_gpus, w.vendor)  # no output yet
+    check_sizes(layouts, len(anchors), Path(cfg.out_dir))
     stores, done = [], []
     for sub_dir, layout in zip(sub_dirs, layouts, strict=True):
         out = ctx.out_dir / sub_dir
