@@ -45,7 +45,7 @@ from typing import Any, TypeVar
 from wxray import provenance
 from wxray.config import OutDir, dump_yaml, flatten, load_config, path_keys, resolve_paths, to_dict
 from wxray.config_help import describe
-from wxray.data import location
+from wxray.data import integrity, location
 from wxray.errors import ConfigError, WxrayError
 from wxray.io import (
     RUN_LOCK,
@@ -210,6 +210,15 @@ def default_out_dir(job: str) -> Path:
     return Path("runs") / job / stamp
 
 
+def _failed(ctx: JobContext, msg: str) -> int:
+    """Bad input after the job may have started: end its MLflow run FAILED, roll back, one line."""
+    if ctx.started:
+        ctx.tracker.set_tags({"wxray.error": msg[:5000]})
+        ctx.tracker.end("FAILED")
+    ctx.rollback()
+    return _fail(msg)
+
+
 def _fail(msg: str) -> int:
     print(f"error: {msg}", file=sys.stderr, flush=True)
     return 2
@@ -290,11 +299,7 @@ def run_job(job: str, cfg_cls: type[C], main: Callable[[C, JobContext], dict[str
         if tracker.run_url:
             say(f"MLflow run: {tracker.run_url}")
     except WxrayError as e:
-        if ctx.started:
-            ctx.tracker.set_tags({"wxray.error": str(e)[:5000]})
-            ctx.tracker.end("FAILED")
-        ctx.rollback()
-        return _fail(str(e))
+        return _failed(ctx, str(e))
     except KeyboardInterrupt:
         if ctx.started:
             ctx.tracker.end("KILLED")
@@ -302,7 +307,10 @@ def run_job(job: str, cfg_cls: type[C], main: Callable[[C, JobContext], dict[str
         kept = f": its checkpoints stay in {cfg.out_dir}; the same command resumes" if ctx.keep_on_failure else ""
         _fail(f"interrupted{kept}")
         return INTERRUPTED
-    except BaseException:
+    except BaseException as e:
+        corrupt = integrity.explain(e) if isinstance(e, Exception) else None
+        if corrupt:  # a chunk that does not decode is bad input, deep in a lazy read
+            return _failed(ctx, corrupt)
         # A bug, not bad input: keep the traceback, but do not leave the MLflow run "RUNNING".
         if ctx.started:
             ctx.tracker.end("FAILED")

@@ -208,6 +208,23 @@ def test_bad_forecast_input_is_one_line(store, tmp_path, capsys, what, needle):
     assert not out.exists()
 
 
+def test_a_corrupt_store_chunk_is_one_line_and_leaves_nothing(store, tmp_path, capsys):
+    copy = tmp_path / "copy.zarr"
+    shutil.copytree(store, copy)
+    for chunk in (p for p in (copy / "geopotential" / "c").rglob("*") if p.is_file()):
+        raw = chunk.read_bytes()
+        chunk.write_bytes(raw[: len(raw) // 2])  # every chunk truncated: whichever the forecast reads first
+    ckpt, _, _ = _save_checkpoint(tmp_path / "ckpt", store)
+    out = tmp_path / "out"
+    rc, res, err = _run(capsys, "forecast", ForecastConfig, forecast,
+                        [f"checkpoint={ckpt}", f"store={copy}", f"inits={TRAJECTORY_1}", f"out_dir={out}",
+                         "tracking.enabled=false"])
+    lines = [ln for ln in err.splitlines() if ln.startswith("error:")]  # (and the progress bar)
+    assert rc == 2 and res is None and len(lines) == 1 and "Traceback" not in err, err
+    assert lines[0].startswith(f"error: store {copy}: variable 'geopotential', chunk c/") and "truncated" in lines[0]
+    assert not out.exists()
+
+
 @pytest.mark.parametrize("device, cuda_devices, needle", [
     ("cuda", 0, "config key 'device' is 'cuda' but this machine has no CUDA device"),
     ("cuda:3", 2, "config key 'device' is 'cuda:3' but this machine has 2 CUDA device(s)"),

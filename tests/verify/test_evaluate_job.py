@@ -326,6 +326,23 @@ def test_a_variable_one_side_lacks_is_named(store_path, tmp_path, capsys):
     assert not any(k.startswith("rmse.geopotential") for k in result) and "rmse.2m_temperature.6h" in result
 
 
+@pytest.mark.parametrize("damage", ["truncate", "scramble"])
+def test_a_corrupt_chunk_is_one_line_naming_store_variable_and_chunk(store_path, tmp_path, capsys, damage):
+    ds = open_store(store_path)
+    forecast = write_zarr(persistence_forecast(ds, ds.time.values[:12], [6, 24]), tmp_path / "fc.zarr")
+    chunk = sorted(p for p in (Path(forecast) / "2m_temperature" / "c").rglob("*") if p.is_file())[-1]
+    raw = chunk.read_bytes()
+    chunk.write_bytes(raw[: len(raw) // 2] if damage == "truncate" else raw[:8] + bytes(len(raw) - 8))
+    rc, result, err = run_evaluate([f"forecast={forecast}", f"truth={store_path}", f"out_dir={tmp_path / 'run'}",
+                                    "tracking.enabled=false", "n_bootstrap=100", "plots=false"], capsys)
+    lines = err.strip().splitlines()
+    key = chunk.relative_to(Path(forecast) / "2m_temperature" / "c").as_posix()
+    assert rc == 2 and result is None and len(lines) == 1, err
+    assert lines[0].startswith(f"error: store {forecast}: variable '2m_temperature', chunk c/{key} is corrupt or "
+                               "truncated ("), lines[0]
+    assert not (tmp_path / "run").exists()
+
+
 def test_make_persistence_option(store_path, tmp_path, capsys):
     rc, result, err = run_evaluate([f"truth={store_path}", "make_persistence=true", "leads=[6,12]", "plots=false",
                             f"out_dir={tmp_path / 'a'}", "tracking.enabled=false", "n_bootstrap=100",
