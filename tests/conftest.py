@@ -131,3 +131,17 @@ def s3_wave_store(s3_server, wave_store):
     fs.mkdir("era5")
     fs.put(str(wave_store), "era5/waves.zarr", recursive=True)
     return "s3://era5/waves.zarr"
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real 256 KiB file system (tmpfs) to fill: mounting needs root; elsewhere the test is skipped."""
+    import subprocess
+
+    mnt = tmp_path / "small_disk"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mnt)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)], capture_output=True)

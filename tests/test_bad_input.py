@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import subprocess
+import sys
 import types
 import typing
 from pathlib import Path
@@ -262,3 +263,16 @@ def test_relative_paths_resolve_against_the_wxray_home(tmp_path, monkeypatch, ca
     assert cfg.out == str(tmp_path / "home" / "data" / "s.zarr")
     assert Path(cfg.out_dir).parent == tmp_path / "home" / "runs" / "make_sample_data"
     assert "out_dir: " + cfg.out_dir in (Path(cfg.out_dir) / "config.yaml").read_text()
+
+
+@pytest.mark.slow
+def test_a_full_disk_is_one_line_and_leaves_nothing(small_disk, tmp_path):
+    """The real script on a real 256 KiB file system: the sample store does not fit."""
+    root = Path(__file__).resolve().parents[1]
+    r = subprocess.run([sys.executable, str(root / "jobs" / "make_sample_data.py"), f"out={small_disk / 's.zarr'}",
+                        f"out_dir={small_disk / 'run'}", "tracking.enabled=false"],
+                       capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        f"error: no space left on the device writing {small_disk / 'run'} or {small_disk / 's.zarr'} (256.0 KiB "
+        "free): nothing was kept; free space or write elsewhere"], r.stderr[-3000:]
+    assert list(small_disk.iterdir()) == []

@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import tempfile
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -113,7 +114,20 @@ def atomic_path(path: str | os.PathLike, overwrite: bool = True) -> Iterator[Pat
             os.replace(tmp, final)
     finally:
         if tmp.exists():
+            _remove_settled(tmp)
+
+
+def _remove_settled(tmp: Path, quiet_s: float = 0.4, limit_s: float = 10.0) -> None:
+    """Remove a failed output until it stays gone: a zarr write that failed on one chunk (a full disk) still
+    has writes of other chunks in flight on zarr's event loop, which recreate their folders meanwhile."""
+    deadline = time.monotonic() + limit_s
+    _remove(tmp)
+    gone_since = time.monotonic()
+    while time.monotonic() < deadline and time.monotonic() - gone_since < quiet_s:
+        time.sleep(0.1)
+        if tmp.exists() or tmp.is_symlink():
             _remove(tmp)
+            gone_since = time.monotonic()
 
 
 def write_json(path: str | os.PathLike, obj: Any) -> Path:

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import errno
 import json
 import os
 import shutil
@@ -61,6 +62,7 @@ from wxray.io import (
     write_json,
     write_text,
 )
+from wxray.sizes import free_disk, human
 from wxray.tracking import Tracker, TrackingConfig, check_server, redact, redact_uri, resolve_uri
 
 C = TypeVar("C", bound="JobConfig")
@@ -212,11 +214,26 @@ def default_out_dir(job: str) -> Path:
 
 def _failed(ctx: JobContext, msg: str) -> int:
     """Bad input after the job may have started: end its MLflow run FAILED, roll back, one line."""
+    ctx.rollback()  # first: on a full disk this frees the space the tracking store may need
     if ctx.started:
-        ctx.tracker.set_tags({"wxray.error": msg[:5000]})
-        ctx.tracker.end("FAILED")
-    ctx.rollback()
+        with contextlib.suppress(Exception):  # the MLflow store may sit on the same full disk
+            ctx.tracker.set_tags({"wxray.error": msg[:5000]})
+            ctx.tracker.end("FAILED")
     return _fail(msg)
+
+
+def _disk_full(error: BaseException, cfg: JobConfig) -> str | None:
+    """The one line for a write that ran out of space (ENOSPC, EDQUOT) anywhere in the error's chain."""
+    e: BaseException | None = error
+    while e is not None:
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            outputs = [getattr(o, n) for o, n, _, m in path_keys(cfg) if m.output and getattr(o, n)]
+            where = e.filename or " or ".join(dict.fromkeys(str(p) for p in outputs))
+            free = human(free_disk(e.filename or cfg.out_dir))
+            return (f"no space left on the device writing {where} ({free} free): nothing was kept; free space "
+                    "or write elsewhere")
+        e = e.__cause__ or e.__context__
+    return None
 
 
 def _fail(msg: str) -> int:
@@ -311,6 +328,9 @@ def run_job(job: str, cfg_cls: type[C], main: Callable[[C, JobContext], dict[str
         corrupt = integrity.explain(e) if isinstance(e, Exception) else None
         if corrupt:  # a chunk that does not decode is bad input, deep in a lazy read
             return _failed(ctx, corrupt)
+        full = _disk_full(e, cfg)
+        if full:
+            return _failed(ctx, full)
         # A bug, not bad input: keep the traceback, but do not leave the MLflow run "RUNNING".
         if ctx.started:
             ctx.tracker.end("FAILED")
