@@ -276,3 +276,27 @@ def test_a_full_disk_is_one_line_and_leaves_nothing(small_disk, tmp_path):
         f"error: no space left on the device writing {small_disk / 'run'} or {small_disk / 's.zarr'} (256.0 KiB "
         "free): nothing was kept; free space or write elsewhere"], r.stderr[-3000:]
     assert list(small_disk.iterdir()) == []
+
+
+def test_a_directory_where_a_file_is_expected_says_directory(tmp_path, capsys):
+    rc = run_job("train_sparse", CONFIGS["train"], None, ["--config", str(tmp_path), f"out_dir={tmp_path / 'r'}"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and err == f"error: config file {tmp_path} is a directory, not a YAML file"
+    (tmp_path / "tables").mkdir()
+    rc = run_job("prepare_obs", CONFIGS["prepare-obs"], _load(JOBS["prepare-obs"][2]),
+                 [f"source={tmp_path / 'tables'}", f"out={tmp_path / 'obs'}", "stream=st", f"out_dir={tmp_path / 'r'}",
+                  "tracking.enabled=false"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and err == f"error: source {tmp_path / 'tables'} is a directory; expected a .csv or .parquet file"
+
+
+def test_an_unparseable_time_is_the_only_line_on_stderr(tmp_path):
+    """As users run it: no pandas warning before the error line."""
+    root = Path(__file__).resolve().parents[1]
+    (tmp_path / "st.csv").write_text("id,time,lat,lon,t2m\n1,noon on tuesday,1,2,280\n2,2000-01-01T00,1,2,281\n")
+    r = subprocess.run([sys.executable, str(root / "jobs" / "prepare_obs.py"), f"source={tmp_path / 'st.csv'}",
+                        f"out={tmp_path / 'obs'}", "stream=st", f"out_dir={tmp_path / 'run'}",
+                        "tracking.enabled=false"],
+                       capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "'noon on tuesday' (data row 1) is not parseable" in r.stderr

@@ -355,6 +355,8 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 
 def load_yaml(path: str | Path) -> dict[str, Any]:
     p = Path(path)
+    if p.is_dir():
+        raise ConfigError(f"config file {p} is a directory, not a YAML file")
     if not p.is_file():
         raise ConfigError(f"config file {p} does not exist")
     try:

@@ -162,3 +162,24 @@ def test_levels_asked_of_data_without_levels_is_refused_alike(run_prepare, tmp_p
         channels(mixed, ["2m_temperature"], [500], source="store x")
     assert [c.name for c in channels(mixed, ["2m_temperature", "temperature"], [500])] == [
         "2m_temperature", "temperature_500"]
+
+
+@pytest.mark.parametrize("keep", [0.5, 0.9])
+def test_a_truncated_netcdf_says_so(run_prepare, tmp_path, keep):
+    """The netCDF library reads a cut-off classic file as fill values; the error must say truncated."""
+    path = tmp_path / "cut.nc"
+    raw = ERAINT.read_bytes()
+    path.write_bytes(raw[: int(len(raw) * keep)])
+    out = tmp_path / "cut.zarr"
+    run = run_prepare(f"source={path}", f"out={out}")
+    assert_failed_cleanly(run, out, str(path), "the NetCDF file is truncated or corrupt")
+
+
+def test_infinite_values_are_not_called_missing(run_prepare, tmp_path):
+    src = synthetic(n_times=4)
+    src["t"][1, 0, 2, 3] = np.inf
+    path = tmp_path / "inf.nc"
+    src.to_netcdf(path)
+    out = tmp_path / "inf.zarr"
+    run = run_prepare(f"source={path}", f"out={out}")
+    assert_failed_cleanly(run, out, str(path), "'temperature' has 1 infinite values")

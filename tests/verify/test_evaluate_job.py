@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 import xarray as xr
 
-from tests.fixture_files import ERA5_CORRUPTED
+from tests.fixture_files import ERA5_CORRUPTED, ERAINT
 from tests.verify.conftest import ERA5_MEMBERS, make_store, nested_forecast, run_evaluate, write_zarr
 from wxray.data.schema import open_store
 from wxray.job import run_job
@@ -341,6 +341,15 @@ def test_a_corrupt_chunk_is_one_line_naming_store_variable_and_chunk(store_path,
     assert lines[0].startswith(f"error: store {forecast}: variable '2m_temperature', chunk c/{key} is corrupt or "
                                "truncated ("), lines[0]
     assert not (tmp_path / "run").exists()
+
+
+def test_a_truncated_netcdf_truth_says_so(store_path, tmp_path, capsys):
+    cut = tmp_path / "cut.nc"
+    cut.write_bytes(ERAINT.read_bytes()[:2_000_000])
+    forecast = _persistence(store_path, tmp_path, n_init=8, leads=(6,))
+    rc, _, err = run_evaluate([f"forecast={forecast}", f"truth={cut}", f"out_dir={tmp_path / 'a'}",
+                               "tracking.enabled=false"], capsys)
+    assert rc == 2 and err.strip().startswith(f"error: truth {cut}: the NetCDF file is truncated or corrupt"), err
 
 
 def test_make_persistence_option(store_path, tmp_path, capsys):

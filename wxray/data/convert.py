@@ -90,7 +90,11 @@ class _Missing:
                 if times is not None:
                     t = times[int(np.argmax(bad.reshape(bad.shape[0], -1).any(axis=1)))]
                     when = f" (first at {np.datetime_as_string(t, 's')})"
-                raise DataError(f"{where}: variable '{name}' has {n} missing (NaN) values{when}; expected "
+                n_inf = int(np.isinf(arr).sum())
+                what = f"{n - n_inf} missing (NaN)" + (f" and {n_inf} infinite" if n_inf else "")
+                if not n - n_inf:
+                    what = f"{n_inf} infinite"
+                raise DataError(f"{where}: variable '{name}' has {what} values{when}; expected "
                                 f"complete fields (set allow_missing=true to keep them as NaN)")
             arr = np.where(bad, np.float32(np.nan), arr)
         self.per_var[name] = self.per_var.get(name, 0) + n

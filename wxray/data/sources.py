@@ -20,6 +20,7 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
+import scipy.io
 import xarray as xr
 
 from wxray.errors import DataError
@@ -146,7 +147,26 @@ def open_grib(path: str, **open_kwargs) -> list[xr.Dataset]:
     return dss
 
 
+def check_netcdf_complete(path: str) -> None:
+    """DataError unless a classic (CDF-1/2) NetCDF file holds every byte its header promises: the netCDF
+    library reads a truncated one without a word, as fill values, which then fail far later with an odd
+    message (a coordinate 'repeated', month numbers out of range)."""
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if magic not in (b"CDF\x01", b"CDF\x02"):
+        return  # NetCDF-4 (HDF5) and CDF-5: their libraries refuse a truncated file on opening
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with scipy.io.netcdf_file(path, mmap=True) as nc:
+                for var in nc.variables.values():
+                    var.data.shape  # noqa: B018  (mapping each variable checks its extent against the file)
+    except Exception as e:
+        raise DataError(f"{path}: the NetCDF file is truncated or corrupt ({first_line(e)})") from None
+
+
 def open_netcdf(path: str, **open_kwargs) -> xr.Dataset:
+    check_netcdf_complete(path)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # e.g. "non-conforming _FillValue" of packed netCDF3

@@ -29,6 +29,7 @@ from the data; obs.yaml is created or extended.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -99,6 +100,8 @@ class PrepareObsResult:
 
 def read_table(source: Path) -> pd.DataFrame:
     suffixes = [x.lower() for x in source.suffixes]
+    if source.is_dir():
+        raise DataError(f"source {source} is a directory; expected a .csv or .parquet file")
     if not source.is_file():
         raise DataError(f"source {source} does not exist")
     try:
@@ -198,8 +201,10 @@ def _times(col: pd.Series, name: str, where: str) -> np.ndarray:
         raise DataError(f"{where}: column '{name}' holds numbers, not times (expected ISO 8601 like "
                         f"2020-01-01T06:00)")
     t = pd.to_datetime(col, utc=True, errors="coerce", format="ISO8601")
-    if t.isna().any():  # not all ISO 8601: let pandas infer the format
-        t = pd.to_datetime(col, utc=True, errors="coerce")
+    if t.isna().any():  # not all ISO 8601: let pandas infer the format (quietly: a failure is our error line)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            t = pd.to_datetime(col, utc=True, errors="coerce")
     bad = np.flatnonzero(t.isna().to_numpy())
     if bad.size:
         raise DataError(f"{where}: column '{name}': time {col.iloc[bad[0]]!r} ({_row(bad[0])}) is not parseable")
