@@ -221,3 +221,48 @@ def test_ray_keywords_are_not_probed_as_addresses(monkeypatch):
     session.ensure_ray("auto")
     session.ensure_ray("[::1]:6379")
     assert calls == [("init", "auto"), ("[::1]:6379", 60.0), ("init", "[::1]:6379")]
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_at_the_next_step_and_the_same_command_resumes(ray_session, wave_store, tmp_path):
+    """As a user presses Ctrl-C in a terminal (SIGINT to the driver): the workers stop at the next step, the
+    job says one line, exits 130 with the MLflow run KILLED; the same command resumes from the newest
+    checkpoint, and no more than train.keep_checkpoints are kept."""
+    import os
+    import signal
+
+    import ray
+
+    out = tmp_path / "run"
+    cmd = [sys.executable, "jobs/train_sparse.py", f"data.store={wave_store}", f"out_dir={out}",
+           f"ray_address={ray.get_runtime_context().gcs_address}", f"tracking.uri=sqlite:///{tmp_path}/mlflow.db",
+           *SMALL, "train.keep_checkpoints=2"]
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    p = subprocess.Popen([*cmd, "train.epochs=200"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    lines = []
+    for line in p.stdout:
+        lines.append(line.rstrip())
+        if "epoch 3/200" in line:
+            p.send_signal(signal.SIGINT)
+            break
+    rest, err = p.communicate(timeout=300)
+    lines += rest.splitlines()
+    assert p.returncode == 130, (lines[-20:], err[-3000:])
+    assert err.strip().splitlines() == [f"error: interrupted: its checkpoints stay in {out}; the same command resumes"]
+    stopped = [ln for ln in lines if "stopped in epoch" in ln]
+    assert len(stopped) == 1, lines[-20:]
+    done = max(int(ln.split("epoch ")[1].split("/")[0]) for ln in lines if "/200: step" in ln)
+    assert f"stopped in epoch {done + 1} at step" in stopped[0] and f"after epoch {done}" in stopped[0]
+    client = mlflow.tracking.MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    [run] = client.search_runs(client.get_experiment_by_name("wxray-train").experiment_id)
+    assert run.info.status == "KILLED"
+    metas = sorted(out.glob("ray/**/checkpoint_*/meta.json"))
+    assert len(metas) <= 2 and max(json.loads(m.read_text())["epoch"] for m in metas) == done
+
+    again = subprocess.run([*cmd, f"train.epochs={done + 1}"], cwd=ROOT, env=env, capture_output=True, text=True,
+                           timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    epochs = [ln for ln in again.stdout.splitlines() if f"/{done + 1}: step" in ln]
+    assert "resuming from" in again.stdout and len(epochs) == 1 and f"epoch {done + 1}/" in epochs[0], epochs
+    assert len(sorted(out.glob("ray/**/checkpoint_*/meta.json"))) <= 2

@@ -3,9 +3,10 @@
 FSDP2 per transformer block (DDP with train.fsdp=false), bf16 autocast where the device has it, the LR
 schedule counted in windows seen (an elastic run keeps it across sizes), exactly-once shards kept in
 lockstep, a checkpoint every `checkpoint_every` epochs carrying model, optimiser, schedule position and RNG
-state, resume from the newest, `train.compile`, per-step memory metrics, the fault drill, and a sweep's
-early stop after any epoch. The driver hands every worker one `LoopSetup` (TorchTrainer's
-`train_loop_config={"setup": ...}`, built by `trainer.make_trainer`).
+state, resume from the newest, `train.compile`, per-step memory metrics, the fault drill, a sweep's early
+stop after any epoch, and Ctrl-C on the driver as a stop at the next step (`interrupt`). The driver hands
+every worker one `LoopSetup` (TorchTrainer's `train_loop_config={"setup": ...}`, built by
+`trainer.make_trainer`).
 
 Randomness: token selection and dropout draw from one explicit torch Generator per worker, reseeded at
 every epoch from (seed, epoch, rank), so a resumed run replays the same selections as an uninterrupted one.
@@ -28,6 +29,7 @@ from wxray.models import latitude_weights
 from wxray.platform.cluster import devices, memory
 from wxray.platform.train import checkpoints
 from wxray.platform.train.batches import dummy_like, epoch_batches, epoch_generator, lockstep_batches
+from wxray.platform.train.interrupt import StopPoll
 from wxray.platform.train.reporting import Reporter, stop_requested
 from wxray.platform.train.tasks import Task
 
@@ -49,6 +51,7 @@ class LoopSetup:
     mlflow_run_id: str = ""
     progress: Any = None  # a ray.util.queue.Queue for the console lines (reporting.ProgressPrinter)
     decisions: str = ""  # a sweep's stop/continue folder (reporting.stop_requested)
+    stop: Any = None  # interrupt.StopFlag: Ctrl-C on the driver (the loop stops at the next step)
 
 
 def lr_factor(step: int, warmup: int, total: int, min_ratio: float) -> float:
@@ -184,6 +187,7 @@ def train_fn_per_worker(config: dict[str, Any]) -> None:
     val_shard = ray.train.get_dataset_shard("val") if setup.has_val else None
     marker = Path(setup.out_dir) / ".fault_drill_done"
     batch_size, label = cfg.data.batch_size, f"{task.label} " if task.label else ""
+    interrupted = StopPoll(setup.stop, rank, world)
 
     for epoch in range(start_epoch, cfg.train.epochs):
         gen = epoch_generator(cfg.train.seed, epoch, rank)
@@ -193,6 +197,8 @@ def train_fn_per_worker(config: dict[str, Any]) -> None:
         batches = epoch_batches(train_shard, batch_size, cfg.train.seed, device, epoch)
         for i, (batch, w, n_global) in enumerate(lockstep_batches(batches, dummy, device, world)):
             if cfg.train.max_steps_per_epoch and i >= cfg.train.max_steps_per_epoch:
+                break
+            if interrupted(device):
                 break
             if i == 1:
                 _fault_drill(cfg, epoch, rank, world, marker)
@@ -227,6 +233,11 @@ def train_fn_per_worker(config: dict[str, Any]) -> None:
                 if peak is not None:
                     m["train/peak_memory_bytes"] = peak
                 reporter.log(m, step)
+        if interrupted.stopped:  # this epoch is not complete: no checkpoint of it (see interrupt.py)
+            if rank == 0:
+                reporter.say(f"{label}stopped in epoch {epoch + 1} at step {step}: the newest checkpoint is "
+                             f"{'after epoch ' + str(epoch) if epoch else 'none'}")
+            break
         elapsed = time.perf_counter() - t_epoch
         metrics = {"epoch": epoch + 1, "step": step, "train/world_size": world,  # epochs completed, as printed
                    "train/fsdp_sharded": float(is_sharded(model)),

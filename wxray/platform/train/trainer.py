@@ -23,6 +23,7 @@ from wxray.job import JobContext
 from wxray.platform.cluster import resources, session
 from wxray.platform.train import checkpoints, storage
 from wxray.platform.train.datasets import exactly_once_data_config
+from wxray.platform.train.interrupt import StopFlag, graceful_sigint
 from wxray.platform.train.loop import LoopSetup, train_fn_per_worker
 from wxray.platform.train.reporting import ProgressPrinter
 from wxray.platform.train.tasks import Task
@@ -86,14 +87,20 @@ def make_trainer(setup: LoopSetup, datasets: dict[str, Any], out_dir: Path,
 
 def fit(setup: LoopSetup, datasets: dict[str, Any], out_dir: Path, callbacks: list | None = None):
     """Run the training on Ray Train with the workers' console lines shown here; a failure is one line
-    (`training_error`), a run without a checkpoint a CheckpointError."""
+    (`training_error`), a run without a checkpoint a CheckpointError, Ctrl-C a stop at the next step
+    (`interrupt`) and then KeyboardInterrupt."""
 
+    flag = StopFlag()
     with ProgressPrinter() as progress:
-        trainer = make_trainer(dataclasses.replace(setup, progress=progress.queue), datasets, out_dir, callbacks)
-        try:
-            result = trainer.fit()
-        except Exception as e:  # Ray wraps worker errors; show the cause in one line
-            raise training_error(e) from None
+        trainer = make_trainer(dataclasses.replace(setup, progress=progress.queue, stop=flag), datasets, out_dir,
+                               callbacks)
+        with graceful_sigint(trainer, flag) as sigint:
+            try:
+                result = trainer.fit()
+            except Exception as e:  # Ray wraps worker errors; show the cause in one line
+                raise training_error(e) from None
+    if sigint.stopped:  # the workers stopped at a step: the job ends as interrupted (exit 130, MLflow KILLED)
+        raise KeyboardInterrupt
     if result.checkpoint is None:
         label = f"stage {setup.task.label} " if setup.task.label else "training "
         raise CheckpointError(f"{label}in {out_dir} finished without a checkpoint")
