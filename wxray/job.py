@@ -107,8 +107,9 @@ class JobContext:
     before that through `cfg.out_dir`.
     """
 
-    def __init__(self, job: str, cfg: JobConfig, out_dir: Path):
+    def __init__(self, job: str, cfg: JobConfig, out_dir: Path, lock: bool = True):
         self.job, self.cfg, self._out_dir = job, cfg, out_dir
+        self._lock = lock  # False: a Tune trial, whose directory Tune already gives to one runner at a time
         self.keep_on_failure = False  # set once partial outputs are worth keeping (checkpoints)
         self._tracker: Tracker | None = None
         self._created: Path | None = None  # the topmost folder this job created (run directory or a parent)
@@ -153,7 +154,8 @@ class JobContext:
             self._created = top
         self._out_dir.mkdir(parents=True, exist_ok=True)
         try:
-            self._held.enter_context(lock(self._out_dir / RUN_LOCK, wait=False))
+            if self._lock:
+                self._held.enter_context(lock(self._out_dir / RUN_LOCK, wait=False))
         except Busy as e:
             self._created = None  # the other job's directory: not ours to remove
             raise ConfigError(f"config key 'out_dir': {self._out_dir} is in use by another wxray job ({e.holder}); "

@@ -154,7 +154,7 @@ def test_stochastic_uplift_and_nested_members_recomputed_alone(chain, tmp_path):
              "stochastic.noise_dim=4", f"stages_dir={stages}", f"tracking.uri={uri}"]
     enc = _run("finetune_stochastic", FinetuneStochasticConfig, finetune_stochastic, ["stage=encoder", *small])
     assert enc["from"] == "chain" and enc["epochs"] == 1
-    with pytest.raises(ConfigError, match=r"stochastic.leads'=1000: at lead 1000 the .*hold no windows"):
+    with pytest.raises(ConfigError, match=r"stochastic.leads'=1000: at lead 1000 the train split .*holds no windows"):
         finetune_stochastic(load_config(FinetuneStochasticConfig, ["stage=processor", "stochastic.leads=1000",
                                                                    f"stages_dir={stages}"]), None)
     proc = _run("finetune_stochastic", FinetuneStochasticConfig, finetune_stochastic,

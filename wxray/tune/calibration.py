@@ -64,7 +64,7 @@ def forecast_trial_fn(config: dict[str, Any]) -> None:
         ev_dir = Path(cfg.out_dir) / "evaluate"
         ev = EvaluateConfig(forecast=result["forecast"], truth=result["store"], plots=False, out_dir=str(ev_dir))
         ev.tracking.enabled = False
-        ev_ctx = JobContext("evaluate", ev, ev_dir)
+        ev_ctx = JobContext("evaluate", ev, ev_dir, lock=False)
         try:
             evaluate(ev, ev_ctx)
         finally:

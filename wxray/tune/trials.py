@@ -61,7 +61,7 @@ def run_trial(config: dict[str, Any], cls: type, job: str, work) -> dict[str, An
     for k, v in config["tracking"].items():
         setattr(cfg.tracking, k, v)
     child_run(config["tracking"], config["parent_run_id"], trial_dir, cfg.run_name)
-    ctx = JobContext(job, cfg, trial_dir)
+    ctx = JobContext(job, cfg, trial_dir, lock=False)
     try:
         result = work(cfg, ctx)
     except BaseException:

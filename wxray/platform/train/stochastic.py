@@ -268,17 +268,21 @@ def finetune_stochastic(cfg: FinetuneStochasticConfig, ctx: JobContext) -> dict[
         raise CheckpointError(f"stage processor is trained on the stochastic encoder's analyses: none under "
                               f"{stages / 'stochastic_encoder'} (run jobs/finetune_stochastic.py stage=encoder)")
     last = prepare_e2e(replace(run.data, lead_steps=cfg.stochastic.leads), run.encoder.patch_size)
-    empty = [k for k, a in data.windows.anchors.items() if len(a) and not len(last.windows.anchors.get(k, ()))]
-    if empty:  # checked before lead 1 trains: otherwise the late leads finetune and score on nothing
+    if len(data.windows.anchors["train"]) and not len(last.windows.anchors["train"]):
+        # checked before lead 1 trains: the late leads would otherwise finetune on nothing
         raise ConfigError(f"config key 'stochastic.leads'={cfg.stochastic.leads}: at lead {cfg.stochastic.leads} the "
-                          f"{' and '.join(empty)} split(s) of store {last.spec.store} hold no windows (the store is "
-                          "too short for that many leads); use fewer leads")
+                          f"train split of store {last.spec.store} holds no windows (the store is too short for that "
+                          "many leads); use fewer leads")
     prev, out = "", {}
     for lead in range(1, cfg.stochastic.leads + 1):
         epochs = cfg.train.epochs if lead == 1 or not cfg.stochastic.lead_epochs else cfg.stochastic.lead_epochs
         run_k = replace(run, lead=lead, data=replace(run.data, lead_steps=lead),
                         train=replace(run.train, epochs=epochs))
         data_k = prepare_e2e(run_k.data, run.encoder.patch_size)
+        empty = [k for k in ("val", "test") if len(data.windows.anchors[k]) and not len(data_k.windows.anchors[k])]
+        if empty:
+            say(f"warning: processor lead {lead}: the {' and '.join(empty)} split(s) hold no windows at this lead "
+                "(the store is too short): no scores of it")
         say(f"processor lead {lead}/{cfg.stochastic.leads}: {cfg.stochastic.members} dropout members, p="
             f"{cfg.stochastic.dropout:g}")
         task = ProcessorTask(run_k, data_k, str(stages), det, data.spec, prev)
