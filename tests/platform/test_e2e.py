@@ -15,6 +15,7 @@ import xarray as xr
 
 from wxray.config import dump_yaml, load_config
 from wxray.data.e2e_windows import E2EReader, ObsDataConfig, prepare_e2e, time_features
+from wxray.data.obs.prepare import prepare_obs
 from wxray.data.schema import open_store
 from wxray.errors import CheckpointError, ConfigError
 from wxray.job import run_job
@@ -50,6 +51,20 @@ def test_reader_rows_join_the_state_static_fields_and_observations(small_store, 
 def test_history_other_than_one_is_refused():
     with pytest.raises(ConfigError, match="history 1"):
         ObsDataConfig(history=2).validate()
+
+
+def test_a_stream_without_reports_in_the_training_split_is_refused(small_store, tmp_path, capsys):
+    """Stations of 1990 beside a store of 2000: the encoder would train with zero observations of them."""
+    table = tmp_path / "old.csv"
+    table.write_text("id,time,lat,lon,t2m\n1,1990-01-01T00,10,20,280\n2,1990-01-01T06,-10,200,290\n")
+    assert prepare_obs(table, tmp_path / "obs", stream="synop").n_obs == 2
+    rc = run_job("train_e2e", TrainE2EConfig, train_e2e,
+                 ["stage=encoder", f"data.store={small_store}", f"data.obs_dir={tmp_path / 'obs'}",
+                  "data.station_stream=synop", f"stages_dir={tmp_path / 'stages'}", "tracking.enabled=false"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and err.startswith(f"error: stream 'synop' of obs dir {tmp_path / 'obs'} has no reports in the "
+                                      "period of the training split"), err
+    assert not (tmp_path / "stages").exists()
 
 
 def test_chain_without_its_earlier_stages_names_what_to_run(small_store, small_obs, tmp_path):
