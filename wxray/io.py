@@ -185,6 +185,10 @@ def check_run_dir(path: str | os.PathLike, reuse: bool) -> None:
     """ConfigError unless `path` is absent, empty, a wxray run directory (a re-run continues it), or `reuse`:
     a job adds and rolls back files in its run directory, which must not be somebody else's folder."""
     p = Path(path)
+    holder = held_by(p / RUN_LOCK)
+    if holder:  # before anything else: a job starting there now has no config.yaml yet
+        raise ConfigError(f"config key 'out_dir': {p} is in use by another wxray job ({holder}); wait for it to "
+                          "finish or choose another out_dir")
     if reuse or not p.is_dir() or any(p.joinpath(m).is_file() for m in RUN_MARKERS):
         return
     if any(e.name != RUN_LOCK for e in p.iterdir()):
@@ -199,6 +203,21 @@ class Busy(Exception):
     def __init__(self, holder: str):
         super().__init__(holder)
         self.holder = holder
+
+
+def held_by(path: str | os.PathLike) -> str | None:
+    """Who holds the lock file `path` ("pid N on host"), or None when nobody does; changes nothing."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return os.read(fd, 200).decode(errors="replace").strip() or "another process"
+    finally:
+        os.close(fd)  # closing releases a lock taken here
+    return None
 
 
 @contextlib.contextmanager
