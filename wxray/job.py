@@ -224,7 +224,7 @@ def _failed(ctx: JobContext, msg: str) -> int:
     return _fail(msg)
 
 
-def _disk_full(error: BaseException, cfg: JobConfig) -> str | None:
+def _disk_full(error: BaseException, cfg: JobConfig, kept: bool) -> str | None:
     """The one line for a write that ran out of space (ENOSPC, EDQUOT) anywhere in the error's chain."""
     e: BaseException | None = error
     while e is not None:
@@ -232,8 +232,9 @@ def _disk_full(error: BaseException, cfg: JobConfig) -> str | None:
             outputs = [getattr(o, n) for o, n, _, m in path_keys(cfg) if m.output and getattr(o, n)]
             where = e.filename or " or ".join(dict.fromkeys(str(p) for p in outputs))
             free = human(free_disk(e.filename or cfg.out_dir))
-            return (f"no space left on the device writing {where} ({free} free): nothing was kept; free space "
-                    "or write elsewhere")
+            left = (f"what was written stays in {cfg.out_dir}: free space and the same command continues" if kept
+                    else "nothing was kept; free space or write elsewhere")
+            return f"no space left on the device writing {where} ({free} free): {left}"
         e = e.__cause__ or e.__context__
     return None
 
@@ -330,7 +331,7 @@ def run_job(job: str, cfg_cls: type[C], main: Callable[[C, JobContext], dict[str
         corrupt = integrity.explain(e) if isinstance(e, Exception) else None
         if corrupt:  # a chunk that does not decode is bad input, deep in a lazy read
             return _failed(ctx, corrupt)
-        full = _disk_full(e, cfg)
+        full = _disk_full(e, cfg, ctx.keep_on_failure)
         if full:
             return _failed(ctx, full)
         # A bug, not bad input: keep the traceback, but do not leave the MLflow run "RUNNING".
