@@ -34,11 +34,9 @@ import numpy as np
 import xarray as xr
 
 from wxray.data import location
+from wxray.data.dims import INIT, LAT, LEAD, LEVEL, LON, MEMBER, TIME, TRAJECTORY  # noqa: F401 (named here by callers)
 from wxray.errors import DataError
 
-TIME, LEVEL, LAT, LON = "time", "level", "latitude", "longitude"
-INIT, LEAD, MEMBER = "init_time", "lead_time", "member"  # the forecast convention: init x lead [x member]
-TRAJECTORY = "trajectory"
 STAT_NAMES = ("mean", "std", "diff_mean", "diff_std", "climatology")
 CONSTANT_VARIABLES = ("land_sea_mask", "geopotential_at_surface", "soil_type",
                       "slope_of_sub_gridscale_orography")

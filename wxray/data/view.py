@@ -30,10 +30,10 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
+from wxray.data.dims import LAT, LEVEL, TIME
 from wxray.errors import DataError
 
 ATTR = "wxray_view"
-TIME, LEVEL, LAT = "time", "level", "latitude"
 
 
 def is_view(ds: xr.Dataset) -> bool:

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from wxray.data.dims import INIT, LEAD
 from wxray.data.sources import first_line
 from wxray.errors import DataError
 
@@ -109,7 +110,7 @@ def pair_with_truth(forecasts: pd.DataFrame, obs_dir: str | Path, stream: str, w
     if unknown:
         raise DataError(f"{what}: variable(s) {', '.join(unknown)} not observed by stream '{stream}' of "
                         f"{Path(obs_dir) / 'obs.yaml'} (has: {', '.join(have) or 'none'})")
-    fc = forecasts.assign(valid_time=forecasts["init_time"] + pd.to_timedelta(forecasts["lead_time"], unit="h"))
+    fc = forecasts.assign(valid_time=forecasts[INIT] + pd.to_timedelta(forecasts[LEAD], unit="h"))
     truth = read_station_truth(obs_dir, stream, fc["valid_time"].unique(), max_quality)
     paired = fc.merge(truth, on=["station", "valid_time", "variable"], how="inner")
     if paired.empty:
@@ -117,4 +118,4 @@ def pair_with_truth(forecasts: pd.DataFrame, obs_dir: str | Path, stream: str, w
         raise DataError(f"{what}: no (station, valid_time) pair with a good observation in stream '{stream}' of "
                         f"{obs_dir} (forecast: {fc['station'].nunique()} stations, valid times {vt.min()} to "
                         f"{vt.max()}; the stream has {truth['station'].nunique()} stations reporting then)")
-    return paired.sort_values(["init_time", "lead_time", "station", "variable"]).reset_index(drop=True)
+    return paired.sort_values([INIT, LEAD, "station", "variable"]).reset_index(drop=True)

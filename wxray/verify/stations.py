@@ -31,8 +31,8 @@ from wxray.verify.ensemble import MEMBER_DIMS
 from wxray.verify.forecasts import longitude_arc
 from wxray.verify.station_truth import pair_with_truth
 
-COLUMNS = ("init_time", "lead_time", "station", "latitude", "longitude", "variable", "value")
-KEYS = ["init_time", "lead_time", "station", "variable"]  # one forecast per key
+COLUMNS = (INIT, LEAD, "station", LAT, LON, "variable", "value")
+KEYS = [INIT, LEAD, "station", "variable"]  # one forecast per key
 HOUR = np.timedelta64(1, "h")
 REL_DIFF_CONVENTION = "forecast / baseline - 1 of the station RMSE; negative is better"
 
@@ -130,17 +130,17 @@ def check_station_forecasts(df: pd.DataFrame, what: str) -> pd.DataFrame:
         raise DataError(f"{what}: no rows")
     df = df.loc[:, list(COLUMNS)].copy()
     try:
-        df["init_time"] = pd.to_datetime(df["init_time"]).astype("datetime64[ns]")
+        df[INIT] = pd.to_datetime(df[INIT]).astype("datetime64[ns]")
     except (ValueError, TypeError) as e:
         raise DataError(f"{what}: column init_time is not a time ({e})") from None
-    lead = df["lead_time"]
+    lead = df[LEAD]
     if np.issubdtype(lead.dtype, np.timedelta64):
         lead = lead / pd.Timedelta(hours=1)
     lead = pd.to_numeric(lead, errors="coerce")
     bad = lead.isna() | (lead != np.round(lead))
     if bad.any():
         raise DataError(f"{what}: lead_time must be whole hours, got {df['lead_time'][bad].iloc[0]!r}")
-    df["lead_time"] = lead.astype(np.int64)
+    df[LEAD] = lead.astype(np.int64)
     for c in ("station", "variable"):
         df[c] = df[c].astype(str)
     for c in ("latitude", "longitude", "value"):
@@ -200,7 +200,7 @@ def station_forecasts_from_grid(forecast_ds: xr.Dataset, stations_table: pd.Data
         values = np.asarray(at.values, dtype=np.float64)
         ii, ll, kk = np.meshgrid(np.arange(inits.size), np.arange(leads.size), np.arange(len(st)), indexing="ij")
         parts.append(pd.DataFrame({
-            "init_time": inits[ii.ravel()], "lead_time": leads[ll.ravel()],
+            INIT: inits[ii.ravel()], LEAD: leads[ll.ravel()],
             "station": st["station"].values[kk.ravel()], "latitude": st["latitude"].values[kk.ravel()],
             "longitude": st["longitude"].values[kk.ravel()], "variable": name, "value": values.ravel()}))
     return check_station_forecasts(pd.concat(parts, ignore_index=True), "bilinear baseline")
@@ -209,8 +209,8 @@ def station_forecasts_from_grid(forecast_ds: xr.Dataset, stations_table: pd.Data
 def bilinear_baseline(forecast_ds: xr.Dataset, stations: pd.DataFrame, what: str) -> pd.DataFrame:
     """`station_forecasts_from_grid` at the inits, leads, stations and variables of `stations` (a station
     forecast table); the gridded forecast must have every one of its inits and leads."""
-    inits = pd.DatetimeIndex(np.unique(stations["init_time"].values))
-    leads = np.unique(stations["lead_time"].values)
+    inits = pd.DatetimeIndex(np.unique(stations[INIT].values))
+    leads = np.unique(stations[LEAD].values)
     have_leads = forecast_ds[LEAD].values / HOUR
     missing_i = inits.difference(pd.DatetimeIndex(forecast_ds[INIT].values))
     missing_l = [int(h) for h in leads if not np.any(np.isclose(have_leads, h))]
@@ -248,8 +248,8 @@ def station_scores(paired: pd.DataFrame) -> xr.Dataset:
     frames, station_frames = [], []
     for prefix, col in models:
         e = (paired[col] - paired["truth"]).astype(np.float64)
-        d = paired[["variable", "lead_time", "station"]].assign(e2=e**2, e=e, ae=e.abs())
-        agg = d.groupby(["variable", "lead_time"]).agg(mse=("e2", "mean"), bias=("e", "mean"),
+        d = paired[["variable", LEAD, "station"]].assign(e2=e**2, e=e, ae=e.abs())
+        agg = d.groupby(["variable", LEAD]).agg(mse=("e2", "mean"), bias=("e", "mean"),
                                                        mae=("ae", "mean"), count=("e", "size"))
         per = d.groupby(["variable", "station"]).agg(mse=("e2", "mean"), count=("e", "size"))
         lead = pd.DataFrame({f"{prefix}rmse": np.sqrt(agg["mse"]), f"{prefix}bias": agg["bias"],
@@ -265,7 +265,7 @@ def station_scores(paired: pd.DataFrame) -> xr.Dataset:
     pos = paired.drop_duplicates("station").set_index("station")
     out = out.assign_coords(station_latitude=("station", pos.loc[out["station"].values, "latitude"].values),
                             station_longitude=("station", pos.loc[out["station"].values, "longitude"].values))
-    out["lead_time"].attrs["units"] = "hours"
+    out[LEAD].attrs["units"] = "hours"
     if "baseline_rmse" in out:
         out["rel_diff"] = out["rmse"] / out["baseline_rmse"] - 1
         out.attrs["rel_diff_convention"] = REL_DIFF_CONVENTION
@@ -275,8 +275,8 @@ def station_scores(paired: pd.DataFrame) -> xr.Dataset:
 
 def scores_table(scores: xr.Dataset) -> pd.DataFrame:
     """One row per (variable, lead_time): count and every per-lead score (the stations.csv layout)."""
-    names = [v for v in scores.data_vars if set(scores[v].dims) == {"variable", "lead_time"}]
-    t = scores[names].to_dataframe().reset_index().rename(columns={"lead_time": "lead_hours"})
+    names = [v for v in scores.data_vars if set(scores[v].dims) == {"variable", LEAD}]
+    t = scores[names].to_dataframe().reset_index().rename(columns={LEAD: "lead_hours"})
     cols = ["variable", "lead_hours", "count"] + [c for c in names if c != "count"]
     return t.loc[t["count"] > 0, cols].reset_index(drop=True)
 
@@ -289,11 +289,11 @@ def scores_summary(scores: xr.Dataset) -> dict[str, Any]:
     for v in scores["variable"].values:
         s = scores.sel(variable=v)
         keep = s["count"].values > 0
-        leads = s["lead_time"].values[keep]
+        leads = s[LEAD].values[keep]
         per_var[str(v)] = {f: {f"{int(h)}h": (int(x) if f == "count" else float(x))
                                for h, x in zip(leads, s[f].values[keep])} for f in fields}
     out: dict[str, Any] = {"n_pairs": int(scores.attrs["n_pairs"]), "n_stations": int((scores["station_count"] > 0)
-                           .any("variable").sum()), "leads_h": [int(h) for h in scores["lead_time"].values],
+                           .any("variable").sum()), "leads_h": [int(h) for h in scores[LEAD].values],
                            "variables": per_var}
     if "rel_diff" in scores:
         out["rel_diff_convention"] = REL_DIFF_CONVENTION
@@ -325,7 +325,7 @@ def station_evaluation(path: str | Path, obs_dir: str | Path, stream: str, *, gr
 
 def log_station_metrics(scores: xr.Dataset, tracker) -> None:
     """MLflow metrics `station_rmse.<variable>` (and `station_rel_diff.<variable>`), step = lead in hours."""
-    for h in scores["lead_time"].values:
+    for h in scores[LEAD].values:
         s = scores.sel(lead_time=h)
         tracker.log_metrics({f"station_{m}.{v}": float(s[m].sel(variable=v)) for m in ("rmse", "rel_diff") if m in s
                              for v in s["variable"].values if s["count"].sel(variable=v) > 0}, step=int(h))

@@ -33,11 +33,11 @@ import pyarrow.compute as pc
 import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 
+from wxray.data.dims import LAT, LEVEL, LON, TIME
 from wxray.errors import DataError
 from wxray.io import atomic_path
 
-OBS_ID, TIME, STATION, LAT, LON, LEVEL, ALTITUDE, QUALITY = (
-    "obs_id", "time", "station", "latitude", "longitude", "level", "altitude", "quality")
+OBS_ID, STATION, ALTITUDE, QUALITY = "obs_id", "station", "altitude", "quality"  # and the store's dims
 STREAM, DAY = "stream", "day"  # hive partition columns
 GOOD, SUSPECT, BAD = 0, 1, 2
 DAY_PARTITIONING = pads.partitioning(pa.schema([(DAY, pa.string())]), flavor="hive")

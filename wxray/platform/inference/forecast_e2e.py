@@ -142,7 +142,7 @@ def write_stations(path: Path, stations: pd.DataFrame, values: np.ndarray, init_
     n_init, n_lead, n_st, n_var = values.shape
     idx = np.indices(values.shape).reshape(4, -1)
     df = pd.DataFrame({
-        "init_time": init_times[idx[0]], "lead_time": np.asarray(lead_hours, np.int32)[idx[1]],
+        INIT: init_times[idx[0]], LEAD: np.asarray(lead_hours, np.int32)[idx[1]],
         "station": stations["station"].to_numpy()[idx[2]],
         "latitude": stations["latitude"].to_numpy(np.float32)[idx[2]],
         "longitude": stations["longitude"].to_numpy(np.float32)[idx[2]],

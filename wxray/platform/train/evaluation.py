@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from wxray.data.schema import LAT, LON, TIME, open_store
+from wxray.data.schema import INIT, LAT, LEAD, LON, TIME, open_store
 from wxray.data.window_data import WindowData
 from wxray.data.windows import rollout_anchors
 from wxray.io import atomic_path
@@ -58,7 +58,7 @@ def forecast_map(out_dir: Path, forecast, ds, spec, split: str) -> Path:
     fc = forecast[ch.variable].isel(init_time=0, lead_time=0)
     if "member" in fc.dims:
         fc = fc.mean("member")
-    init, lead = fc["init_time"].values, fc["lead_time"].values
+    init, lead = fc[INIT].values, fc[LEAD].values
     truth = ds[ch.variable].sel({TIME: init + lead})
     if ch.level is not None:
         fc, truth = fc.sel(level=ch.level), truth.sel(level=ch.level)
