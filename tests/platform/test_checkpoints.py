@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+from ray.train import Checkpoint
 
 from wxray.errors import CheckpointError
 from wxray.platform.train import checkpoints
+from wxray.platform.train.loop import newest_checkpoint
 
 
 def test_resume_epoch_counts_epochs_completed_in_both_formats():
@@ -69,3 +73,18 @@ def test_every_torch_load_is_weights_only_and_nothing_unpickles():
     assert restores and all(name == "sweep.py" and "str(tune_dir)" in line for name, line in restores), restores
     sweep = (root / "wxray" / "tune" / "sweep.py").read_text()
     assert 'tune_dir = sweep_dir / "tune"' in sweep and "sweep_dir = Path(ctx.out_dir).resolve()" in sweep
+
+
+def test_a_resume_takes_the_newest_of_rays_checkpoint_and_the_runs_storage(tmp_path):
+    """After a hard abort Ray Train's checkpoint manager may know only an older checkpoint than the newest in the
+    run's storage: the loop resumes from whichever has the later step."""
+    old = checkpoints.save(tmp_path / "checkpoint_a", {}, {"epoch": 1, "step": 4})
+    new = checkpoints.save(tmp_path / "checkpoint_b", {}, {"epoch": 2, "step": 8})
+    with newest_checkpoint(Checkpoint.from_directory(str(old)), str(new)) as d:
+        assert d == new
+    with newest_checkpoint(Checkpoint.from_directory(str(new)), str(old)) as d:
+        assert Path(d) == new
+    with newest_checkpoint(Checkpoint.from_directory(str(old)), str(tmp_path / "elsewhere")) as d:
+        assert Path(d) == old  # a path this node cannot see: Ray's
+    with newest_checkpoint(None, "") as d:
+        assert d is None

@@ -131,6 +131,6 @@ def fit_stage(cfg, data: E2EData, ctx: JobContext, identity: dict, task: Task, o
     ctx.keep_on_failure = True
     datasets = build_e2e_datasets(cfg.data, data)
     setup = trainer.loop_setup(cfg, task, identity, ctx, n_train=len(data.windows.anchors["train"]),
-                               has_val="val" in datasets, example=example, out_dir=out_dir)
+                               has_val="val" in datasets, example=example, out_dir=out_dir, resume_from=last)
     result = trainer.fit(setup, datasets, out_dir)
     return result, {**(result.metrics or {}), "n_parameters": n_params}

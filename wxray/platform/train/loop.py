@@ -52,6 +52,7 @@ class LoopSetup:
     progress: Any = None  # a ray.util.queue.Queue for the console lines (reporting.ProgressPrinter)
     decisions: str = ""  # a sweep's stop/continue folder (reporting.stop_requested)
     stop: Any = None  # interrupt.StopFlag: Ctrl-C on the driver (the loop stops at the next step)
+    resume_from: str = ""  # the newest checkpoint the driver found in the run's storage ("" = none)
 
 
 def lr_factor(step: int, warmup: int, total: int, min_ratio: float) -> float:
@@ -129,6 +130,19 @@ def report_epoch(reporter: Reporter, model, opt, metrics: dict, rank: int, cfg, 
         reporter.report(metrics, step, checkpoint=ckpt)
 
 
+@contextlib.contextmanager
+def newest_checkpoint(ray_checkpoint: Any, on_disk: str):
+    """The directory to resume from: Ray Train's checkpoint, or the driver's newest in storage when that has
+    the later step. After a hard abort (a second Ctrl-C, a killed driver) Ray's checkpoint manager may not
+    have recorded the last checkpoints it wrote; resuming from its older one would retrain epochs."""
+    with ray_checkpoint.as_directory() if ray_checkpoint is not None else contextlib.nullcontext() as d:
+        found = [Path(d)] if d else []
+        with contextlib.suppress(Exception):  # a path of the driver's node that this node cannot see
+            if on_disk and Path(checkpoints.fetch(on_disk), checkpoints.META).is_file():
+                found.append(Path(checkpoints.fetch(on_disk)))
+        yield max(found, key=lambda c: int(checkpoints.read_meta(c).get("step", -1))) if found else None
+
+
 def _fault_drill(cfg, epoch: int, rank: int, world: int, marker: Path) -> None:
     if cfg.train.fault_drill_epoch == epoch and rank == min(1, world - 1) and not marker.exists():
         marker.write_text(f"killed rank {rank} at the start of epoch {epoch}\n")
@@ -167,11 +181,11 @@ def train_fn_per_worker(config: dict[str, Any]) -> None:
     total_samples, warmup_samples, peak_lr = sample_schedule(cfg, setup.n_train, world)
 
     start_epoch, step, seen = 0, 0, 0
-    resume = ray.train.get_checkpoint()
-    if resume is not None:
-        with resume.as_directory() as d:
+    with newest_checkpoint(ray.train.get_checkpoint(), setup.resume_from) as d:
+        if d is not None:
             state, _ = checkpoints.load(d, expect_model=setup.identity)
             start_epoch = checkpoints.resume_epoch(state, d)
+    if d is not None:
         set_state(model, opt, state["model"], state["optimizer"])
         torch.set_rng_state(state["torch_rng"])
         step, seen = int(state["step"]), int(state["samples_seen"])

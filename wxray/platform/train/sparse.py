@@ -76,7 +76,7 @@ def train_sparse(cfg: TrainSparseConfig, ctx: JobContext, callbacks: list | None
     example = WindowReader(data.spec)({"anchor": data.anchors["train"][:1]})
     setup = trainer.loop_setup(cfg, forecaster_task(cfg, data), identity, ctx, n_train=len(data.anchors["train"]),
                                has_val="val" in datasets, example=example, out_dir=Path(ctx.out_dir),
-                               decisions=decisions)
+                               decisions=decisions, resume_from=resumed_from)
     result = trainer.fit(setup, datasets, Path(ctx.out_dir), callbacks)
     metrics = result.metrics or {}
     with result.checkpoint.as_directory() as d:

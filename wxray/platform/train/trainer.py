@@ -48,14 +48,14 @@ def start_cluster(cfg) -> None:
 
 
 def loop_setup(cfg, task: Task, identity: dict[str, Any], ctx: JobContext, *, n_train: int, has_val: bool,
-               example: dict, out_dir: Path, decisions: str = "") -> LoopSetup:
+               example: dict, out_dir: Path, decisions: str = "", resume_from: Path | str | None = None) -> LoopSetup:
     """The workers' `LoopSetup`; every checkpoint's meta.json records the data config with the store used, the
     normalisation and the run's provenance beside the model identity."""
     meta = {"data": {**to_dict(cfg.data), "store": task.spec.store},
             checkpoints.NORMALISATION: checkpoints.normalisation_meta(task.spec),
             checkpoints.PROVENANCE: ctx.provenance}
     return LoopSetup(cfg, task, identity, meta, n_train, has_val, example, str(Path(out_dir).resolve()),
-                     ctx.tracker.uri, ctx.tracker.run_id or "", decisions=decisions)
+                     ctx.tracker.uri, ctx.tracker.run_id or "", decisions=decisions, resume_from=str(resume_from or ""))
 
 
 def make_trainer(setup: LoopSetup, datasets: dict[str, Any], out_dir: Path,
