@@ -88,3 +88,15 @@ def test_a_resume_takes_the_newest_of_rays_checkpoint_and_the_runs_storage(tmp_p
         assert Path(d) == old  # a path this node cannot see: Ray's
     with newest_checkpoint(None, "") as d:
         assert d is None
+
+
+def test_prune_keeps_the_checkpoints_with_the_latest_steps(tmp_path):
+    run = tmp_path / "ray" / "train"
+    for name, step in (("checkpoint_2026-01-01_00-00-03", 12), ("checkpoint_2026-01-01_00-00-01", 4),
+                       ("checkpoint_2026-01-01_00-00-02", 8), ("checkpoint_2026-01-01_00-00-04", 16)):
+        checkpoints.save(run / name, {}, {"epoch": step // 4, "step": step})
+    (run / "checkpoint_tmp").mkdir()  # being written: no meta.json yet, left alone
+    gone = checkpoints.prune(tmp_path / "ray", keep=2)
+    assert sorted(Path(g).name for g in gone) == ["checkpoint_2026-01-01_00-00-01", "checkpoint_2026-01-01_00-00-02"]
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoint_2026-01-01_00-00-03", "checkpoint_2026-01-01_00-00-04",
+                                                     "checkpoint_tmp"]

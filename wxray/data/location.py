@@ -13,6 +13,7 @@ never branches on where a store is.
 from __future__ import annotations
 
 import os
+import shutil
 import warnings
 from pathlib import Path
 from typing import Any
@@ -180,6 +181,17 @@ def get(location: str | os.PathLike, local: str | os.PathLike) -> Path:
         dst.parent.mkdir(parents=True, exist_ok=True)
         fs.get_file(path, str(dst))
     return dst
+
+
+def remove(location: str | os.PathLike) -> None:
+    """Delete a file or a folder (recursively), local or remote; nothing there is fine."""
+    if not is_remote(location):
+        p = local_path(location)
+        shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+        return
+    fs, path = filesystem(location)
+    if fs.exists(path):
+        fs.rm(path, recursive=True)
 
 
 def glob(location: str | os.PathLike, pattern: str) -> list[str]:

@@ -175,6 +175,23 @@ def latest(directory: str | Path) -> Path | str | None:
     return found[-1].parent if found else None
 
 
+def prune(directory: str | Path, keep: int) -> list[str]:
+    """Remove all but the `keep` checkpoints with the latest steps under `directory` (a run's storage path,
+    local or a URL); the removed ones. Ray Train keeps `num_to_keep` of those it registered, but after a hard
+    abort it has not registered the last ones written, which it then never removes."""
+    found = []
+    for meta in location.glob(directory, "**/checkpoint_*/" + META):
+        try:
+            step = int(json.loads(location.read_text(meta)).get("step", -1))
+        except (OSError, ValueError):
+            continue  # one being written, or not ours
+        found.append((step, meta.rsplit("/", 1)[0] if location.is_remote(meta) else str(Path(meta).parent)))
+    gone = [d for _, d in sorted(found, reverse=True)[keep:]]
+    for d in gone:
+        location.remove(d)
+    return gone
+
+
 _fetched: dict[str, Path] = {}
 
 

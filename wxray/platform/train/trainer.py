@@ -99,6 +99,7 @@ def fit(setup: LoopSetup, datasets: dict[str, Any], out_dir: Path, callbacks: li
                 result = trainer.fit()
             except Exception as e:  # Ray wraps worker errors; show the cause in one line
                 raise training_error(e) from None
+    checkpoints.prune(storage.ray_location(setup.cfg.train.storage, out_dir), setup.cfg.train.keep_checkpoints)
     if sigint.stopped:  # the workers stopped at a step: the job ends as interrupted (exit 130, MLflow KILLED)
         raise KeyboardInterrupt
     if result.checkpoint is None:
