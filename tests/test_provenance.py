@@ -96,7 +96,7 @@ def test_store_fingerprint_hashes_metadata_not_chunks(tmp_path):
     assert fp["path"] == str(path) and len(fp["metadata_sha256"]) == 64
     assert fp["time_range"] == ["2000-01-01T00:00:00", "2000-01-01T18:00:00"] and fp["times"] == 4
     assert fp["variables"] == ["geopotential", "land_sea_mask", "temperature"] and fp["levels"] == [500, 850]
-    files = [f.relative_to(path).as_posix() for f in provenance._metadata_files(path)]
+    files = [name for name, _ in provenance._metadata_files(path)]
     assert "zarr.json" in files and "temperature/zarr.json" in files and "stats/mean/zarr.json" in files
     assert not any("/c/" in f or f.startswith("c/") for f in files), files
     chunk = next(p for p in (path / "temperature" / "c").rglob("*") if p.is_file())
@@ -110,7 +110,7 @@ def test_store_fingerprint_of_a_v2_store_and_of_what_cannot_be_read(tmp_path):
     v2 = tmp_path / "v2.zarr"
     xr.Dataset({"t": (("time", "x"), np.zeros((3, 2)))},
                coords={"time": np.arange(3).astype("datetime64[D]")}).to_zarr(v2, zarr_format=2, consolidated=True)
-    files = {f.relative_to(v2).as_posix() for f in provenance._metadata_files(v2)}
+    files = {name for name, _ in provenance._metadata_files(v2)}
     assert {".zgroup", ".zmetadata", "t/.zarray", "t/.zattrs"} <= files and "t/0.0" not in files
     assert provenance.store_fingerprint(v2)["time_range"] == ["1970-01-01T00:00:00", "1970-01-03T00:00:00"]
     assert provenance.store_fingerprint("gs://bucket/era5.zarr")["metadata_sha256"] == "unknown"

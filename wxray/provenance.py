@@ -137,69 +137,48 @@ def collect(seeds: dict[str, Any] | None = None) -> dict[str, Any]:
     return out
 
 
-def _metadata_files(root: Path) -> list[Path]:
-    """Every zarr metadata file of a v2 or v3 store, not its chunks: groups are walked, arrays are not (their
-    folders hold only chunks)."""
-    found, todo = [], [root]
+def _metadata_files(store: str | Path) -> list[tuple[str, bytes]]:
+    """(name relative to the store, content) of every zarr metadata file of a v2 or v3 store, on disk or at a
+    URL alike (one fsspec walk), not its chunks: groups are walked, arrays are not (their folders hold only
+    chunks). [] when there is no store there."""
+    fs, base = location.filesystem(store)
+    base = base.rstrip("/")
+    if not fs.isdir(base):
+        return []
+    found, todo = [], [base]
     while todo:
         d = todo.pop()
-        here = [d / name for name in ZARR_METADATA if (d / name).is_file()]
+        entries = fs.ls(d, detail=True)
+        files = {e["name"].rstrip("/").rsplit("/", 1)[-1]: e["name"] for e in entries if e["type"] == "file"}
+        here = [(files[name], fs.cat_file(files[name])) for name in ZARR_METADATA if name in files]
         found += here
-        is_array = (d / ".zarray").is_file()
-        if (d / "zarr.json").is_file() and not is_array:
+        meta = {name.rsplit("/", 1)[-1]: content for name, content in here}
+        is_array = ".zarray" in meta
+        if "zarr.json" in meta and not is_array:
             try:
-                is_array = json.loads((d / "zarr.json").read_text()).get("node_type") == "array"
-            except (OSError, ValueError):
+                is_array = json.loads(meta["zarr.json"]).get("node_type") == "array"
+            except ValueError:
                 pass
-        if not is_array and (here or d == root):
-            todo += sorted((p for p in d.iterdir() if p.is_dir() and not p.name.startswith(".")), reverse=True)
-    return sorted(found)
+        if not is_array and (here or d == base):
+            todo += sorted((e["name"].rstrip("/") for e in entries if e["type"] == "directory"
+                            and not e["name"].rstrip("/").rsplit("/", 1)[-1].startswith(".")), reverse=True)
+    return sorted((name[len(base) + 1:], content) for name, content in found)
 
 
 def metadata_hash(path: str | Path) -> str:
-    """sha256 of a store's zarr metadata files (names and contents), on disk or at a URL; "unknown" when
-    there is no store there or it cannot be read."""
-    if location.is_remote(path):
-        return _remote_metadata_hash(str(path))
-    root = Path(path)
-    if not root.is_dir():
-        return UNKNOWN
-    h = hashlib.sha256()
-    for f in _metadata_files(root):
-        h.update(f.relative_to(root).as_posix().encode() + b"\0")
-        h.update(f.read_bytes() + b"\0")
-    return h.hexdigest()
-
-
-def _remote_metadata_hash(url: str) -> str:
-    """`metadata_hash` of a store at a URL: the same walk (groups, not arrays) over the object listing, so a
-    store hashes the same in a bucket as on disk."""
+    """sha256 of a store's zarr metadata files (names and contents), the same on disk and at a URL; "unknown"
+    when there is no store there or it cannot be read."""
     try:
-        fs, base = location.filesystem(url)
-        base = base.rstrip("/")
-        h, todo, n = hashlib.sha256(), [base], 0
-        found: list[tuple[str, bytes]] = []
-        while todo:
-            d = todo.pop()
-            entries = fs.ls(d, detail=True)
-            files = {e["name"].rsplit("/", 1)[-1]: e["name"] for e in entries if e["type"] == "file"}
-            here = [(files[name], fs.cat_file(files[name])) for name in ZARR_METADATA if name in files]
-            found += here
-            meta = dict(here)
-            is_array = any(name.endswith("/.zarray") for name in meta)
-            v3 = next((b for name, b in meta.items() if name.endswith("/zarr.json")), None)
-            if v3 is not None and not is_array:
-                is_array = json.loads(v3).get("node_type") == "array"
-            if not is_array and (here or d == base):
-                todo += sorted((e["name"].rstrip("/") for e in entries if e["type"] == "directory"
-                                and not e["name"].rstrip("/").rsplit("/", 1)[-1].startswith(".")), reverse=True)
-        for name, content in sorted(found):
-            h.update(name[len(base) + 1:].encode() + b"\0")
-            h.update(content + b"\0")
-            n += 1
-        return h.hexdigest() if n else UNKNOWN
+        files = _metadata_files(path)
     except Exception:  # provenance never fails a job
         return UNKNOWN
+    if not files:
+        return UNKNOWN
+    h = hashlib.sha256()
+    for name, content in files:
+        h.update(name.encode() + b"\0")
+        h.update(content + b"\0")
+    return h.hexdigest()
 
 
 def store_fingerprint(path: str | Path, ds: Any = None) -> dict[str, Any]:
