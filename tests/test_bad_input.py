@@ -290,6 +290,7 @@ def test_a_directory_where_a_file_is_expected_says_directory(tmp_path, capsys):
     assert rc == 2 and err == f"error: source {tmp_path / 'tables'} is a directory; expected a .csv or .parquet file"
 
 
+@pytest.mark.slow
 def test_an_unparseable_time_is_the_only_line_on_stderr(tmp_path):
     """As users run it: no pandas warning before the error line."""
     root = Path(__file__).resolve().parents[1]

@@ -177,6 +177,7 @@ def test_a_run_directory_in_use_by_another_job_is_refused(tmp_path, capsys):
     assert not (out / ".wxray.lock").exists() and (out / "summary.json").is_file()
 
 
+@pytest.mark.slow
 def test_two_jobs_on_one_run_directory_at_once(tmp_path):
     """Real processes: the first to start holds the folder until the other has been refused."""
     out, go = tmp_path / "run", tmp_path / "go"
