@@ -109,7 +109,7 @@ class JobContext:
 
     def __init__(self, job: str, cfg: JobConfig, out_dir: Path, lock: bool = True):
         self.job, self.cfg, self._out_dir = job, cfg, out_dir
-        self._lock = lock  # False: a Tune trial, whose directory Tune already gives to one runner at a time
+        self.locks_dir = lock  # False: a Tune trial, whose directory Tune already gives to one runner at a time
         self.keep_on_failure = False  # set once partial outputs are worth keeping (checkpoints)
         self._tracker: Tracker | None = None
         self._created: Path | None = None  # the topmost folder this job created (run directory or a parent)
@@ -154,7 +154,7 @@ class JobContext:
             self._created = top
         self._out_dir.mkdir(parents=True, exist_ok=True)
         try:
-            if self._lock:
+            if self.locks_dir:
                 self._held.enter_context(lock(self._out_dir / RUN_LOCK, wait=False))
         except Busy as e:
             self._created = None  # the other job's directory: not ours to remove

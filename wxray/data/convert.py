@@ -91,9 +91,8 @@ class _Missing:
                     t = times[int(np.argmax(bad.reshape(bad.shape[0], -1).any(axis=1)))]
                     when = f" (first at {np.datetime_as_string(t, 's')})"
                 n_inf = int(np.isinf(arr).sum())
-                what = f"{n - n_inf} missing (NaN)" + (f" and {n_inf} infinite" if n_inf else "")
-                if not n - n_inf:
-                    what = f"{n_inf} infinite"
+                what = " and ".join(part for k, part in ((n - n_inf, f"{n - n_inf} missing (NaN)"),
+                                                         (n_inf, f"{n_inf} infinite")) if k)
                 raise DataError(f"{where}: variable '{name}' has {what} values{when}; expected "
                                 f"complete fields (set allow_missing=true to keep them as NaN)")
             arr = np.where(bad, np.float32(np.nan), arr)

@@ -81,7 +81,7 @@ def explain(error: BaseException) -> str | None:
                 store_path = f.f_locals["store_path"]
             if f.f_code.co_name == "read_batch" and "batch_info" in f.f_locals:
                 keys = [str(getattr(item[0], "path", "")) for item in list(f.f_locals["batch_info"])]
-    cause = str(next(e for e in _chain(error))).splitlines()[0] if str(error) else type(error).__name__
+    cause = str(error).splitlines()[0] if str(error) else type(error).__name__
     if store_path is None:
         return f"a zarr chunk of an input store is corrupt or truncated ({cause}); rewrite or restore that store"
     root = str(getattr(store_path.store, "root", "") or store_path.store)

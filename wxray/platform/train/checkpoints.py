@@ -179,8 +179,11 @@ def prune(directory: str | Path, keep: int) -> list[str]:
     """Remove all but the `keep` checkpoints with the latest steps under `directory` (a run's storage path,
     local or a URL); the removed ones. Ray Train keeps `num_to_keep` of those it registered, but after a hard
     abort it has not registered the last ones written, which it then never removes."""
+    metas = location.glob(directory, "**/checkpoint_*/" + META)
+    if len(metas) <= keep:  # the usual case after every run: one listing, no reads
+        return []
     found = []
-    for meta in location.glob(directory, "**/checkpoint_*/" + META):
+    for meta in metas:
         try:
             step = int(json.loads(location.read_text(meta)).get("step", -1))
         except (OSError, ValueError):

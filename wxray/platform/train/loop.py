@@ -138,8 +138,9 @@ def newest_checkpoint(ray_checkpoint: Any, on_disk: str):
     with ray_checkpoint.as_directory() if ray_checkpoint is not None else contextlib.nullcontext() as d:
         found = [Path(d)] if d else []
         with contextlib.suppress(Exception):  # a path of the driver's node that this node cannot see
-            if on_disk and Path(checkpoints.fetch(on_disk), checkpoints.META).is_file():
-                found.append(Path(checkpoints.fetch(on_disk)))
+            local = Path(checkpoints.fetch(on_disk)) if on_disk else None
+            if local is not None and (local / checkpoints.META).is_file():
+                found.append(local)
         yield max(found, key=lambda c: int(checkpoints.read_meta(c).get("step", -1))) if found else None
 
 
