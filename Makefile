@@ -12,6 +12,8 @@ ARGS ?=
 JOB ?= train_sparse
 RAY_PORT ?= 6379
 RAY_DASHBOARD_PORT ?= 8265
+RAY_AGENT_PORT ?= 52365
+RAY_CLIENT_PORT ?= 10001
 RAY_CPUS ?= $(shell nproc)
 HEAD_PID := runs/ray-head.pid
 # `make mlflow-server`: one tracking server for jobs on every node. Loopback unless MLFLOW_HOST opts in to a
@@ -89,27 +91,26 @@ train: setup   # make train ARGS="model.keep_ratio=0.5 train.epochs=10"
 	$(BIN)/python jobs/train_sparse.py $(ARGS)
 
 # A local Ray cluster for `ray job submit`, started from the venv (its python is what jobs run with).
-# --block ties the head's processes to one PID, so `make ray-down` stops this cluster and no other.
+# --block ties the head's processes to one process group, so `make ray-down` stops this cluster and no other.
+# Every fixed port a head needs is checked first (another Ray often holds the job agent's), and the head is
+# reported up only once its own job agent answers (wxray/platform/cluster/head.py).
+HEAD := $(BIN)/python -m wxray.platform.cluster.head
 ray-up: setup
 	@mkdir -p runs
-	@if [ -f $(HEAD_PID) ] && kill -0 $$(cat $(HEAD_PID)) 2>/dev/null; then \
-		echo "a Ray head started by make is already running (pid $$(cat $(HEAD_PID)))"; exit 1; fi
-	PATH=$(CURDIR)/$(BIN):$$PATH RAY_AUTH_MODE=token nohup $(BIN)/ray start --head --block \
-		--port=$(RAY_PORT) --dashboard-port=$(RAY_DASHBOARD_PORT) --num-cpus=$(RAY_CPUS) \
-		--disable-usage-stats > runs/ray-head.log 2>&1 & echo $$! > $(HEAD_PID)
-	@for i in $$(seq 60); do RAY_AUTH_MODE=token $(BIN)/ray job list \
-		--address http://127.0.0.1:$(RAY_DASHBOARD_PORT) >/dev/null 2>&1 && break; sleep 2; done
-	@echo "Ray head up: submit with make submit ARGS=...; stop with make ray-down (log: runs/ray-head.log)"
+	@PATH=$(CURDIR)/$(BIN):$$PATH RAY_AUTH_MODE=token $(HEAD) up --pid $(HEAD_PID) --log runs/ray-head.log \
+		--ray $(BIN)/ray --port=$(RAY_PORT) --dashboard-port=$(RAY_DASHBOARD_PORT) \
+		--dashboard-agent-listen-port=$(RAY_AGENT_PORT) --ray-client-server-port=$(RAY_CLIENT_PORT) --cpus=$(RAY_CPUS)
 
-# Submits jobs/$(JOB).py; WXRAY_HOME makes its outputs and MLflow runs land here, not in Ray's copy.
+# Submits jobs/$(JOB).py; WXRAY_HOME makes its outputs and MLflow runs land here, not in Ray's copy. A failed
+# submission (no head, no agent) is one line, not the CLI's traceback.
 submit: setup
-	RAY_AUTH_MODE=token $(BIN)/ray job submit --address http://127.0.0.1:$(RAY_DASHBOARD_PORT) \
+	@RAY_AUTH_MODE=token $(HEAD) submit --ray $(BIN)/ray --dashboard-port $(RAY_DASHBOARD_PORT) -- \
 		--working-dir . --runtime-env-json '{"env_vars": {"WXRAY_HOME": "$(CURDIR)"}}' \
 		-- python jobs/$(JOB).py $(ARGS)
 
+# Waits until the head has drained and its ports are free again (up to a minute).
 ray-down:
-	@if [ -f $(HEAD_PID) ]; then kill $$(cat $(HEAD_PID)) 2>/dev/null || true; rm -f $(HEAD_PID); \
-		echo "stopped the Ray head started by make ray-up"; else echo "no Ray head started by make ray-up"; fi
+	@$(HEAD) down --pid $(HEAD_PID)
 
 # Two pytest workers, a test file each at a time (its fixtures built once), each with its own session Ray cluster:
 # most of a Ray test's time is spent waiting for processes to start, so two run side by side on two cores.
@@ -129,8 +130,14 @@ bench: setup
 	$(BIN)/python benchmarks/bench_setconv.py
 	$(BIN)/python benchmarks/bench_significance.py
 
+# MLflow 3's UI opens experiments on its GenAI overview unless the link says otherwise: open the printed links
+# (the runs table with each job's metrics as columns; wxray/tracking_view.py says why).
+MLFLOW_UI_PORT ?= 5000
 mlflow-ui: setup
-	$(BIN)/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/runs/mlflow.db --host 127.0.0.1 --port 5000
+	@mkdir -p runs
+	@echo "MLflow UI on http://127.0.0.1:$(MLFLOW_UI_PORT) (Ctrl-C stops it); open an experiment's runs table:"
+	@$(BIN)/python -m wxray.tracking_view sqlite:///$(CURDIR)/runs/mlflow.db http://127.0.0.1:$(MLFLOW_UI_PORT)
+	$(BIN)/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/runs/mlflow.db --host 127.0.0.1 --port $(MLFLOW_UI_PORT)
 
 # A tracking server (sqlite under runs/, artifacts served through the server) for jobs on a cluster: they log over
 # HTTP with MLFLOW_TRACKING_URI=http://<host>:$(MLFLOW_PORT), never to a shared sqlite file. setsid puts the server

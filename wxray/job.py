@@ -41,7 +41,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from wxray import provenance
 from wxray.config import OutDir, dump_yaml, flatten, load_config, path_keys, resolve_paths, to_dict
@@ -80,6 +80,7 @@ class JobConfig:
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
     experiment = "wxray"  # the job's MLflow experiment when tracking.experiment is "" (class attribute)
+    columns: ClassVar[tuple[str, ...]] = ()  # metrics (fnmatch patterns) the MLflow UI's runs table shows
 
     def run_label(self, job: str) -> str:
         """The distinguishing start of the default MLflow run name (jobs override: model, keep ratio)."""
@@ -168,7 +169,7 @@ class JobContext:
         id_file = self._out_dir / ".mlflow_run_id"
         previous = id_file.read_text().strip() if id_file.exists() else self._mirrored(id_file.name)
         self._tracker = Tracker(cfg.tracking, run_name=cfg.run_name, tags={"wxray.job": self.job},
-                                run_id=previous)  # a re-run continues its run
+                                run_id=previous, columns=type(cfg).columns)  # a re-run continues its run
         if self._tracker.run_id:
             self.write_text(".mlflow_run_id", self._tracker.run_id)
             if self.mirror:  # at once: a job killed later is still continued elsewhere as one MLflow run

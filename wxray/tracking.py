@@ -1,7 +1,7 @@
 """MLflow tracking: one small wrapper so jobs and the trainer log the same way (or not at all).
 
-Experiments are created as model-training ones (tag `mlflow.experimentKind`), so MLflow 3's UI opens
-them on the runs table rather than its GenAI overview. MLflow params are immutable: a resumed run that
+Experiments are created as model-training ones (tag `mlflow.experimentKind`) with a shared view of the runs
+table (`tracking_view`: the links wxray prints open MLflow 3's UI on that table, not its GenAI overview). MLflow params are immutable: a resumed run that
 changed a key records the new value as the tag `resumed_with.<key>` (and the run's config.yaml
 artifact), so MLflow never contradicts the run directory.
 
@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
+from wxray import tracking_view as view
 from wxray.errors import ConfigError
 from wxray.io import resolve_path
 
@@ -136,8 +137,9 @@ class Tracker:
     """A started MLflow run, or a no-op when tracking is disabled."""
 
     def __init__(self, cfg: TrackingConfig, run_name: str, tags: dict[str, str] | None = None,
-                 run_id: str | None = None):
+                 run_id: str | None = None, columns: tuple[str, ...] = ()):
         self.enabled = cfg.enabled
+        self.columns = columns  # patterns of the metrics the UI's runs table shows (tracking_view)
         self.run_id: str | None = None
         self.uri = resolve_uri(cfg.uri) if cfg.enabled else ""
         if not self.enabled:
@@ -167,9 +169,13 @@ class Tracker:
             if self.uri.startswith("sqlite:///"):
                 # Without this MLflow puts artifacts in ./mlruns of whatever directory the job ran from.
                 location = (Path(self.uri[len("sqlite:///"):]).parent / "mlartifacts").resolve().as_uri()
-            mlflow.create_experiment(cfg.experiment, artifact_location=location, tags=EXPERIMENT_KIND)
-        elif "mlflow.experimentKind" not in experiment.tags:
-            mlflow.MlflowClient().set_experiment_tag(experiment.experiment_id, *next(iter(EXPERIMENT_KIND.items())))
+            mlflow.create_experiment(cfg.experiment, artifact_location=location,
+                                     tags={**EXPERIMENT_KIND, view.VIEW_TAG: view.view_state(None, [])})
+        else:  # an experiment made before wxray set these tags
+            defaults = {**EXPERIMENT_KIND, view.VIEW_TAG: view.view_state(None, [])}
+            for key, value in defaults.items():
+                if key not in experiment.tags:
+                    mlflow.MlflowClient().set_experiment_tag(experiment.experiment_id, key, value)
         mlflow.set_experiment(cfg.experiment)
         try:
             run = mlflow.start_run(run_id=run_id, run_name=None if run_id else run_name, tags=tags or {})
@@ -189,7 +195,7 @@ class Tracker:
         """The run's page on a tracking server (credentials left out); "" for a local store."""
         if not (self.run_id and self.uri.startswith(("http://", "https://"))):
             return ""
-        return f"{redact_uri(self.uri).rstrip('/')}/#/experiments/{self._experiment_id}/runs/{self.run_id}"
+        return view.run_url(redact_uri(self.uri), self._experiment_id, self.run_id)
 
     def log_params(self, params: dict[str, Any]) -> dict[str, str]:
         """Log params; for a continued run, return {key: new value} of those that changed (tagged)."""
@@ -229,4 +235,6 @@ class Tracker:
 
     def end(self, status: str = "FINISHED") -> None:
         if self.enabled and self._mlflow.active_run() is not None:
+            if status == "FINISHED":
+                view.show_columns(self._mlflow.MlflowClient(), self._experiment_id, self.run_id, self.columns)
             self._mlflow.end_run(status=status)

@@ -15,6 +15,7 @@ import pytest
 
 from tests.conftest import free_port
 from tests.platform.conftest import write_tiny_store
+from wxray.platform.cluster import head
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -58,17 +59,14 @@ def test_train_job_runs_under_ray_job_submit_and_logs_to_an_mlflow_server(tmp_pa
                                "--artifacts-destination", str(tmp_path / "server-artifacts"), "--workers", "1"],
                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     tracking = f"http://127.0.0.1:{mlflow_port}"
-    # --block in a session of its own: the head's processes are one process group, stopped together, so the
-    # test never needs `ray stop` (which would also stop the test session's own cluster). Its own agent port:
-    # the session cluster holds the default.
-    head = subprocess.Popen([str(bin_dir / "ray"), "start", "--head", "--block", f"--port={gcs}",
-                             f"--dashboard-port={dash}", f"--dashboard-agent-listen-port={agent}",
-                             "--num-cpus=2", "--disable-usage-stats",
-                             "--include-dashboard=true"], env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
+    # Started as `make ray-up` starts it (wxray.platform.cluster.head): --block in a session of its own, so the
+    # head's processes are one process group, stopped together; the test never needs `ray stop` (which would
+    # also stop the test session's own cluster). Free ports: the session cluster holds the defaults.
+    ports = {"port": gcs, "dashboard-port": dash, "dashboard-agent-listen-port": agent,
+             "ray-client-server-port": free_port()}
+    pid = head.up(ports, 2, tmp_path / "ray-head.pid", tmp_path / "ray-head.log", ray=str(bin_dir / "ray"), env=env)
     try:
         address = f"http://127.0.0.1:{dash}"
-        _wait_for(f"{address}/api/version", head, "the Ray dashboard")  # its job server takes a while
         home = tmp_path / "project"  # the user's folder: the README recipe passes it as WXRAY_HOME
         _wait_for(f"{tracking}/health", server, "mlflow server")
         runtime_env = json.dumps({"env_vars": {"WXRAY_HOME": str(home), "MLFLOW_TRACKING_URI": tracking}})
@@ -117,8 +115,9 @@ def test_train_job_runs_under_ray_job_submit_and_logs_to_an_mlflow_server(tmp_pa
         _stop(server)
         # The job is over and its run checked: the head's processes go at once (a SIGTERM'd head drains for
         # about 30 s), all of them, being the process group of `ray start --block`.
-        os.killpg(head.pid, signal.SIGKILL)
-        head.wait(timeout=60)
+        os.killpg(pid, signal.SIGKILL)
+        while head.group_alive(pid):
+            time.sleep(0.2)
         # `ray start` records its address for later `ray.init()` calls; the cluster is gone now.
         current = Path("/tmp/ray/ray_current_cluster")
         if current.exists() and current.read_text().strip().endswith(f":{gcs}"):

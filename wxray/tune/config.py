@@ -34,6 +34,7 @@ class SweepConfig(JobConfig):
     ray_timeout_s: Annotated[float, Range(0, lo_open=True)] = 60.0  # give up on an unreachable ray_address after this
 
     experiment = "wxray-sweep"
+    columns = ("best/*",)
 
     def job_config_class(self) -> type:
         return ForecastE2EConfig if self.job == "forecast_e2e" else TrainSparseConfig

@@ -85,6 +85,7 @@ class EvaluateConfig(JobConfig):
     station_baseline: StationBaseline = ""  # "bilinear" (`forecast` interpolated to the stations) or a station Parquet
 
     experiment = "wxray-evaluate"
+    columns = ("rmse.*", "crps.*", "rel_rmse.*", "rel_crps.*")  # at the last lead (the step)
 
     def validate(self) -> None:
         gridded = bool(self.forecast) or self.make_persistence

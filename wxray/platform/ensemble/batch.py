@@ -94,6 +94,7 @@ class EnsembleConfig(JobConfig):
     plots: bool = True  # variance maps and curves (PNG) in plots/ and MLflow
 
     experiment = "wxray-ensemble"
+    columns = ("ensemble/ssr_total/*", "ensemble/rho_drop/*")  # at the last lead (the step)
 
     def run_label(self, job: str) -> str:
         m = self.members

@@ -50,6 +50,7 @@ class OSEConfig(EnsembleConfig):
     confidence: Probability = 0.95  # of the intervals
 
     experiment = "wxray-ose"
+    columns = ("ose/*",)
 
     def run_label(self, job: str) -> str:
         return f"ose-{self.members.M}x{self.members.N}"

@@ -64,6 +64,7 @@ class ForecastE2EConfig(JobConfig):
     device: str = "auto"  # auto (a GPU when there is one), cpu, cuda, cuda:1; must exist on this machine
 
     experiment = "wxray-forecast"
+    columns = ("rollout/rmse/*",)  # at the last lead (the step)
 
     def run_label(self, job: str) -> str:
         m, n = self.members.M, self.members.N

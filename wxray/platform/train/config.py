@@ -65,6 +65,7 @@ class TrainSparseConfig(JobConfig):
     # JobConfig: out_dir "" = runs/train_sparse/<run_name or UTC timestamp>; the same run_name again resumes.
 
     experiment = "wxray-train"
+    columns = ("val/loss", "train/epoch_loss", "train/epoch_samples_per_s_per_worker", "val/rmse/*")
 
     def run_label(self, job: str) -> str:
         return f"{self.model.name}-r{self.model.keep_ratio:g}"

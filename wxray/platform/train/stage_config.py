@@ -68,6 +68,7 @@ class TrainE2EConfig(JobConfig):
     # JobConfig: run_name names the chain of stages ("" = "e2e"); out_dir "" = runs/train_e2e/<run_name>/<stage>.
 
     experiment = "wxray-e2e"
+    columns = ("val/loss", "train/epoch_loss", "val/rmse/*", "test/*/*")
 
     def run_label(self, job: str) -> str:
         return f"e2e-{self.stage}"

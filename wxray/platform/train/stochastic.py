@@ -66,6 +66,7 @@ class FinetuneStochasticConfig(JobConfig):
     ray_timeout_s: Annotated[float, Range(0, lo_open=True)] = 60.0  # give up on an unreachable ray_address after
 
     experiment = "wxray-e2e"
+    columns = ("val/loss", "train/epoch_loss")
 
     def run_label(self, job: str) -> str:
         return f"stochastic-{self.stage}-{self.stochastic.noise}"

@@ -1,0 +1,119 @@
+"""The MLflow UI in a real browser (headless Chromium driven by Playwright): the links wxray prints open a
+first-time visitor (empty localStorage) on the experiment's runs table with the job's metrics as columns, not
+on MLflow 3's GenAI overview; the run link opens the run. `wxray.tracking_view` says why the links look so."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import free_port
+from wxray import tracking_view
+from wxray.tracking import Tracker, TrackingConfig
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+# As the machine's probe runs it: no background connections, which a closed network refuses many at a time.
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-sync",
+                 "--disable-background-networking", "--disable-component-update"]
+
+
+def test_view_state_merges_columns_in_pattern_order():
+    metrics = ["train/lr", "val/rmse/geopotential", "val/loss", "val/rmse/2m_temperature"]
+    chosen = tracking_view.chosen(metrics, ("val/loss", "val/rmse/*", "val/*"))
+    assert chosen == ["val/loss", "val/rmse/2m_temperature", "val/rmse/geopotential"]
+    first = json.loads(tracking_view.view_state(None, chosen[:1]))
+    assert first["selectedColumns"] == ["metrics.`val/loss`"] and first["orderByKey"] == "attributes.start_time"
+    merged = json.loads(tracking_view.view_state(json.dumps(first), chosen))
+    assert merged["selectedColumns"] == [tracking_view.column(m) for m in chosen]
+    assert tracking_view.view_state(json.dumps(merged), chosen[1:]) is None  # nothing new: left as it is
+    assert tracking_view.view_state("not json", [])  # a broken tag is replaced
+    assert tracking_view.column("a`b") == "metrics.`a``b`"
+
+
+def test_every_experiment_has_its_view_and_the_finished_run_adds_columns(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracker = _toy_run(uri)
+    import mlflow
+
+    client = mlflow.MlflowClient(uri)
+    tags = client.get_experiment(tracker._experiment_id).tags
+    assert tags["mlflow.experimentKind"] == "custom_model_development"
+    assert json.loads(tags[tracking_view.VIEW_TAG])["selectedColumns"] == [
+        "metrics.`val/loss`", "metrics.`val/rmse/geopotential`"]
+    failed = Tracker(TrackingConfig(uri=uri, experiment="wxray-train"), "failed", columns=("train/*",))
+    failed.log_metrics({"train/lr": 1e-3})
+    failed.end("FAILED")  # a failed run changes nothing the table shows
+    assert client.get_experiment(tracker._experiment_id).tags[tracking_view.VIEW_TAG] == tags[tracking_view.VIEW_TAG]
+
+
+def test_mlflow_ui_prints_one_link_per_experiment(tmp_path, capsys):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracker = _toy_run(uri)
+    assert tracking_view.main([uri, "http://127.0.0.1:5000"]) == 0
+    out = capsys.readouterr().out
+    assert out.split() == ["wxray-train", f"http://127.0.0.1:5000/#/experiments/{tracker._experiment_id}/runs"
+                                          "?viewStateShareKey=wxray&workflowType=machine_learning"]
+
+
+def _toy_run(uri: str) -> Tracker:
+    tracker = Tracker(TrackingConfig(uri=uri, experiment="wxray-train"), "toy-run",
+                      columns=("val/loss", "val/rmse/*"))
+    for step in range(3):
+        tracker.log_metrics({"val/loss": 1.0 / (step + 1), "val/rmse/geopotential": 100.0 - step, "train/lr": 1e-3},
+                            step=step)
+    tracker.end()
+    return tracker
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(CHROMIUM is None, reason="needs Chromium (Debian: apt-get install chromium); .ci/run installs it")
+def test_the_printed_links_open_the_runs_table_in_a_fresh_browser(tmp_path):
+    sync_playwright = pytest.importorskip("playwright.sync_api").sync_playwright
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracker = _toy_run(uri)
+    port = free_port()
+    ui = subprocess.Popen([str(Path(sys.executable).parent / "mlflow"), "ui", "--backend-store-uri", uri,
+                           "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        _wait_for(f"{base}/health", ui)
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            page = browser.new_context(viewport={"width": 1600, "height": 1000}).new_page()  # empty localStorage
+            page.goto(tracking_view.experiment_url(base, tracker._experiment_id))
+            table = page.get_by_role("grid")
+            table.get_by_text("val/rmse/geopotential").wait_for(timeout=90_000)
+            text = page.inner_text("body")
+            assert "Detect Issues" not in text and "Token Usage" not in text  # not the GenAI overview
+            header = table.inner_text()
+            assert "toy-run" in header and "val/loss" in header and "train/lr" not in header
+            assert "/runs?" in page.url and "workflowType=machine_learning" in page.url
+            page.screenshot(path=str(tmp_path / "runs_table.png"))
+            page.goto(tracking_view.run_url(base, tracker._experiment_id, tracker.run_id))
+            page.get_by_text("toy-run").first.wait_for(timeout=60_000)
+            page.get_by_text("val/rmse/geopotential").first.wait_for(timeout=60_000)
+            assert "Detect Issues" not in page.inner_text("body")
+            browser.close()
+    finally:
+        subprocess.run(["pkill", "-TERM", "-g", str(ui.pid)], check=False)
+        ui.wait(timeout=30)
+
+
+def _wait_for(url: str, proc: subprocess.Popen, seconds: float = 90.0) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            urllib.request.urlopen(url, timeout=2)
+            return
+        except OSError:
+            assert proc.poll() is None, f"mlflow ui exited with {proc.returncode}"
+            time.sleep(0.5)
+    raise AssertionError(f"mlflow ui did not answer at {url}")
