@@ -1,9 +1,9 @@
 """MLflow tracking: one small wrapper so jobs and the trainer log the same way (or not at all).
 
 Experiments are created as model-training ones (tag `mlflow.experimentKind`) with a shared view of the runs
-table (`tracking_view`: the links wxray prints open MLflow 3's UI on that table, not its GenAI overview). MLflow params are immutable: a resumed run that
-changed a key records the new value as the tag `resumed_with.<key>` (and the run's config.yaml
-artifact), so MLflow never contradicts the run directory.
+table (`tracking_view`: the links wxray prints open MLflow 3's UI on that table, not its GenAI overview).
+MLflow params are immutable: a resumed run that changed a key records the new value as the tag
+`resumed_with.<key>` (and the run's config.yaml artifact), so MLflow never contradicts the run directory.
 
 A tracking server (`tracking.uri=http(s)://...`) is probed before the job does anything (`check_server`): one
 that does not answer within a few seconds is a one-line error, or with `tracking.required=false` a warning

@@ -22,6 +22,7 @@ from wxray.verify.scorecard import REL_DIFF_CONVENTION, Model, build_scorecard
 
 LEADS = [6, 12, 18, 24]
 UNITS = {"2m_temperature": "K", "geopotential_500": "m**2 s**-2", "geopotential_850": "m**2 s**-2"}
+PRETTY = {"2m_temperature": "K", "geopotential_500": "m² s⁻²", "geopotential_850": "m² s⁻²"}  # as labels show them
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +72,7 @@ def test_line_plots_carry_units_lead_hour_ticks_and_the_baseline_name(compared):
         axes = _visible(saved[f"score_{metric}.png"])
         assert [ax.get_title() for ax in axes] == order
         for ax, ch in zip(axes, order):
-            assert ax.get_ylabel() == f"{name} [{UNITS[ch]}]"
+            assert ax.get_ylabel() == f"{name} [{PRETTY[ch]}]"
             assert ax.get_xlabel() == "lead time [h]"
             np.testing.assert_array_equal(ax.get_xticks(), LEADS)
             assert [t.get_text() for t in ax.get_xticklabels()] == ["6", "12", "18", "24"]
@@ -118,16 +119,32 @@ def test_heatmap_is_the_relative_difference_with_significance_dots(compared):
         assert "blue: forecast lower (better)" in label
         assert [t.get_text() for t in fig.legends[0].get_texts()] == ["significant (Diebold-Mariano, p < 0.05)"]
         cells = {t.get_text() for t in ax.texts}
-        assert f"{rel[0, -1]:+.1f}" in cells
+        assert f"{rel[0, -1]:+.1f}" in cells and np.abs(rel).max() > 1  # one decimal for percents above 1
+
+
+def test_heatmap_of_tiny_differences_keeps_a_span_and_shows_them(compared):
+    card, _, _, _ = compared
+    tiny = card.copy()
+    tiny["rel_diff"] = card["rel_diff"] * (0.0005 / float(np.abs(card["rel_diff"].sel(metric="rmse")).max()))
+    fig = plots.plot_heatmap(tiny, "rmse")
+    ax = _visible(fig)[0]
+    image = ax.get_images()[0]
+    assert image.norm.vmin == -plots.HEATMAP_MIN_SPAN and image.norm.vmax == plots.HEATMAP_MIN_SPAN  # not +-0.05
+    rel = 100 * tiny["rel_diff"].sel(metric="rmse").transpose("channel", "lead_time").values
+    cells = {t.get_text() for t in ax.texts}
+    largest = np.unravel_index(np.abs(rel).argmax(), rel.shape)
+    assert f"{rel[largest]:+.3f}" in cells and "-0.0" not in cells and "+0.0" not in cells
+    assert all(t.get_color() == "black" for t in ax.texts)  # pale cells, dark digits
 
 
 def test_maps_and_rank_histograms_are_labelled(compared):
     _, _, saved, _ = compared
     fig = saved["maps_geopotential_500.png"]
     bars = [a.get_ylabel() for a in fig.axes if a.get_label() == "<colorbar>"]
-    assert set(bars) == {"CRPS [m**2 s**-2]", "ensemble spread [m**2 s**-2]"}
+    assert set(bars) == {"[m² s⁻²]"}  # the panel's title names the score; a short bar label is never cut off
     ax = _visible(fig)[0]
-    assert ax.get_xlabel() == "longitude [degrees E]" and ax.get_ylabel() == "latitude [degrees N]"
+    assert ax.get_xlabel() == "longitude [°E]" and ax.get_ylabel() == "latitude [°N]"
+    assert ax.get_title() == "CRPS geopotential_500 +6 h" and fig.get_suptitle() == "time mean over 16 initialisations"
     hist = _visible(saved["rank_histogram.png"])[0]
     assert hist.get_xlabel() == "rank of truth among members" and hist.get_ylabel() == "frequency"
 
@@ -160,7 +177,7 @@ def test_one_member_forecast_maps_are_mae_and_configured_order_is_kept(tmp_path)
     figs = dict(plots.figures(card))
     assert not any(n.startswith("scorecard_") for n in figs)  # no baseline: no heatmap
     bars = [a.get_ylabel() for a in figs["maps_2m_temperature.png"].axes if a.get_label() == "<colorbar>"]
-    assert bars == ["MAE (CRPS of one member) [degC]"] * 2
+    assert bars == ["[degC]"] * 2
     crps = _visible(figs["score_crps.png"])
     assert [ax.get_title() for ax in crps] == ["geopotential_500", "2m_temperature"]
     assert crps[1].get_ylabel() == "CRPS (= MAE, one member) [degC]"

@@ -5,14 +5,16 @@ Every plotting function returns a `Figure`; `figures(ds)` yields them by file na
 them. Conventions shared by all of them:
 
 * x axis "lead time [h]" with its ticks at the scored leads (at most `MAX_LEAD_TICKS`, every k-th lead);
-* y axis and colour bars "<SCORE> [<units>]" from the scorecard's `units` coordinate: scores in the
-  variable's units (RMSE, bias, MAE, CRPS, spread), squared units for variance parts (U_enc, U_drop),
-  none for dimensionless ones (ACC, SSIM, spread-skill ratio, dropout share);
+* y axis and colour bars "<SCORE> [<units>]" from the scorecard's `units` coordinate, written as by hand
+  (`verify.units`: m² s⁻²): scores in the variable's units (RMSE, bias, MAE, CRPS, spread), squared units
+  for variance parts (U_enc, U_drop), none for dimensionless ones (ACC, SSIM, spread-skill ratio, dropout
+  share); maps name the score in the panel title and carry only the units on the colour bar;
 * legends name the forecast and the baseline (e.g. "baseline: persistence"); panels follow the scorecard's
   channel order (as configured, else sorted); bias plots carry a zero line;
 * the heatmap (WeatherBench 2 scorecard): channels x leads, colour 100 * rel_diff = 100 (forecast /
-  baseline - 1) % on a diverging map centred at 0, blue where the forecast is better (lower RMSE/CRPS,
-  higher ACC/SSIM), the value written in each cell and a dot where the Diebold-Mariano test is significant.
+  baseline - 1) % on a diverging map centred at 0 spanning at least +-1 %, blue where the forecast is better
+  (lower RMSE/CRPS, higher ACC/SSIM), the value written in each cell with the digits it needs (-0.05, not
+  -0.0) and a dot where the Diebold-Mariano test is significant.
 """
 
 from __future__ import annotations
@@ -27,10 +29,12 @@ from matplotlib.figure import Figure
 
 from wxray.data.schema import LAT, LEAD, LON
 from wxray.verify.metrics import METRICS, exchangeable_metrics, nested_metrics
+from wxray.verify.units import units_label
 
 MAX_LEADS_SHOWN = 4  # leads shown in map and rank-histogram grids
 MAX_LEAD_TICKS = 12
 HEATMAP_METRICS = ("rmse", "crps")  # CRPS only for an ensemble (a one-member CRPS is the MAE)
+HEATMAP_MIN_SPAN = 1.0  # percent: the colour scale spans at least +-1 %
 # names, units and which metrics get a score-vs-lead figure: from the metric registry (verify/metrics.py)
 _ALL = [*METRICS, *exchangeable_metrics(2), *nested_metrics((2, 4, 8))]
 LINE_METRICS = tuple(dict.fromkeys(m.name for m in _ALL if m.plot))
@@ -72,9 +76,7 @@ def units_of(ds: xr.Dataset, channel) -> str:
 
 
 def _with_units(name: str, units: str, power: int) -> str:
-    if not units or power == 0:
-        return name
-    return f"{name} [{units if power == 1 else f'({units})**2'}]"
+    return f"{name} {units_label(units, power)}".strip() if power else name
 
 
 def score_label(metric: str, units: str = "", one_member: bool = False) -> str:
@@ -190,10 +192,17 @@ def plot_maps(ds: xr.Dataset, channel: str) -> Figure:
             ax = axes[r, c]
             field = ds[k].sel(channel=channel).isel({LEAD: j}).values
             mesh = ax.pcolormesh(lon, lat, field, shading="auto", cmap="viridis")
-            fig.colorbar(mesh, ax=ax, shrink=0.8, label=_with_units(MAP_NAMES[k], units, 1))
-            ax.set(title=f"{MAP_NAMES[k]} {channel} +{_hours(ds)[j]:g} h",
-                   xlabel="longitude [degrees E]", ylabel="latitude [degrees N]")
+            # the panel's title names the score: the colour bar carries only its units, so nothing is cut off
+            fig.colorbar(mesh, ax=ax, shrink=0.8, label=units_label(units))
+            ax.set_title(f"{MAP_NAMES[k]} {channel} +{_hours(ds)[j]:g} h", fontsize="medium")
+            ax.set(xlabel="longitude [°E]", ylabel="latitude [°N]")
+    fig.suptitle(f"time mean over {_inits(ds)}", fontsize="medium")
     return fig
+
+
+def _inits(ds: xr.Dataset) -> str:
+    n = int(ds["n_init"].min()) if "n_init" in ds else 0
+    return f"{n} initialisations" if n else "the initialisations"
 
 
 def plot_heatmap(ds: xr.Dataset, metric: str) -> Figure:
@@ -205,13 +214,16 @@ def plot_heatmap(ds: xr.Dataset, metric: str) -> Figure:
     fig, axes = figure(1, 1, max(6.0, 2.5 + 0.8 * len(hours)), max(3.6, 1.8 + 0.45 * len(channels)))
     ax = axes[0, 0]
     finite = np.abs(rel[np.isfinite(rel)])
-    lim = float(finite.max()) if finite.size and finite.max() > 0 else 1.0
+    largest = float(finite.max()) if finite.size else 0.0
+    # Symmetric about 0 and at least +-HEATMAP_MIN_SPAN %: a -0.05 % difference stays pale, not deep blue.
+    lim = max(largest, HEATMAP_MIN_SPAN)
+    digits = 1 if largest >= 1 else 2 if largest >= 0.1 else 3
     # Blue is better: a lower score (rel_diff < 0) for RMSE/CRPS, a higher one for ACC/SSIM.
     image = ax.imshow(np.ma.masked_invalid(rel), cmap="RdBu" if higher else "RdBu_r", vmin=-lim, vmax=lim,
                       aspect="auto", interpolation="nearest")
     for (i, j), v in np.ndenumerate(rel):
         if np.isfinite(v):
-            ax.text(j, i, f"{v:+.1f}", ha="center", va="center", fontsize="small",
+            ax.text(j, i, f"{v:+.{digits}f}", ha="center", va="center", fontsize="small",
                     color="white" if abs(v) > 0.6 * lim else "black")
     rows, cols = np.nonzero(sig)
     level = float(ds.attrs.get("significance", 0.05))

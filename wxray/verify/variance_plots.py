@@ -13,7 +13,9 @@ import numpy as np
 import xarray as xr
 
 from wxray.data.schema import LEAD, LEVEL
+from wxray.verify.field_plots import LAT_LABEL, LON_LABEL
 from wxray.verify.plots import figure
+from wxray.verify.units import units_label
 from wxray.verify.variance import COMPONENT
 
 
@@ -35,10 +37,14 @@ def shown_leads(n_leads: int) -> list[int]:
     return [0, *sorted({int(round(x)) for x in np.linspace(1, n_leads - 1, 3)})]
 
 
-def plot_maps(maps: xr.Dataset, folder: Path) -> list[Path]:
+def plot_maps(maps: xr.Dataset, folder: Path, units: dict[str, str] | None = None, inits: int = 0) -> list[Path]:
+    """One figure per channel: a row per component (U_* in the variable's squared units, rho_drop without),
+    a column per shown lead; `units` are the variables' CF units, `inits` how many initialisations the
+    means are over."""
     paths = []
     hours = lead_hours(maps[LEAD].values)
     leads = shown_leads(len(hours))
+    over = f"mean over {inits} initialisations" if inits else "mean over the initialisations"
     for var, da in maps.data_vars.items():
         for name, sel in channels(da, var):
             field = da.sel(sel)
@@ -50,19 +56,25 @@ def plot_maps(maps: xr.Dataset, folder: Path) -> list[Path]:
                 # scale starts at 0 for display (the stored maps and every aggregate stay unclipped)
                 vmax = 1.0 if comp == "rho_drop" else float(np.nanmax(values.values)) or 1.0
                 for c, k in enumerate(leads):
-                    im = axes[r, c].pcolormesh(field.longitude, field.latitude, values.isel({LEAD: c}),
-                                               vmin=0.0, vmax=vmax, cmap="viridis", shading="auto")
-                    axes[r, c].set_title(f"{comp} +{hours[k]:g} h", fontsize=8)
-                    axes[r, c].tick_params(labelsize=6)
-                fig.colorbar(im, ax=axes[r, :], shrink=0.8)
-            fig.suptitle(f"{name}: variance split (mean over inits)")
+                    ax = axes[r, c]
+                    im = ax.pcolormesh(field.longitude, field.latitude, values.isel({LEAD: c}),
+                                       vmin=0.0, vmax=vmax, cmap="viridis", shading="auto")
+                    ax.set_title(f"{comp} +{hours[k]:g} h", fontsize=8)
+                    ax.tick_params(labelsize=6)
+                    if c == 0:
+                        ax.set_ylabel(LAT_LABEL, fontsize=7)
+                    if r == len(comps) - 1:
+                        ax.set_xlabel(LON_LABEL, fontsize=7)
+                label = "share of U_total" if comp == "rho_drop" else units_label((units or {}).get(var, ""), 2)
+                fig.colorbar(im, ax=axes[r, :], shrink=0.8, label=label)
+            fig.suptitle(f"{name}: variance split ({over}; U in squared units of {name})", fontsize=9)
             path = folder / f"variance_maps_{name}.png"
             fig.savefig(path, dpi=80)
             paths.append(path)
     return paths
 
 
-def plot_curves(curves: xr.Dataset, folder: Path) -> Path:
+def plot_curves(curves: xr.Dataset, folder: Path, units: dict[str, str] | None = None) -> Path:
     names = [(var, name, sel) for var, da in curves.data_vars.items() for name, sel in channels(da, var)]
     fig, axes = figure(1, len(names), 3.6, 3.0)
     hours = lead_hours(curves[LEAD].values)
@@ -71,7 +83,8 @@ def plot_curves(curves: xr.Dataset, folder: Path) -> Path:
         for comp in da[COMPONENT].values:
             if comp != "rho_drop":
                 ax.plot(hours, da.sel({COMPONENT: comp}), marker="o", label=str(comp))
-        ax.set_xlabel("lead (h)")
+        ax.set_xlabel("lead time [h]")
+        ax.set_ylabel(f"domain mean {units_label((units or {}).get(var, ''), 2)}".strip(), fontsize=8)
         ax.set_title(name, fontsize=9)
         twin = ax.twinx()
         twin.plot(hours, da.sel({COMPONENT: "rho_drop"}), "k--", label="rho_drop")

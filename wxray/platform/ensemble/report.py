@@ -103,7 +103,10 @@ def analyse(layout: Layout, paths: dict[str, Path], truth_fn, scored_inits: np.n
     if plots:
         folder = out_dir / "plots"
         folder.mkdir(exist_ok=True)
-        files = [*plot_maps(maps, folder), plot_curves(curves, folder)]
+        source = forecast if forecast is not None else xr.open_zarr(paths["fields"])  # moments: same attrs
+        units = {str(v): str(source[v].attrs.get("units", "")) for v in maps.data_vars if v in source}
+        inits = next(iter(parts.values())).sizes.get(INIT, 0)
+        files = [*plot_maps(maps, folder, units, inits), plot_curves(curves, folder, units)]
         if tracker is not None:
             for f in files:
                 tracker.log_artifact(f, "plots")

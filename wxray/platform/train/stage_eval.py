@@ -19,12 +19,13 @@ import numpy as np
 import torch
 
 from wxray.data.e2e_windows import E2EData, E2EReader
-from wxray.data.schema import time_step
+from wxray.data.schema import TIME, time_step
 from wxray.data.windows import WindowSpec, open_lazy
 from wxray.models import latitude_weights
 from wxray.platform.train import checkpoints
 from wxray.platform.train.stage_config import TrainE2EConfig
 from wxray.platform.train.stages import build_stage_model, decode_stations, next_state, obs_of, stage_identity
+from wxray.verify.field_plots import plot_field_rows
 from wxray.verify.stations import bilinear_at_points
 
 EVAL_BATCH = 16
@@ -98,7 +99,7 @@ def evaluate_encoder(model, data: E2EData, anchors: np.ndarray, out_dir: Path) -
             denied[s].add(physical(spec, model(obs_of(b), b["static"], deny=(s,))), truth)
             counts[s] += float(b[f"obs.{s}.mask"].sum())
         if first is None:
-            first = (truth[0].numpy(), z0[0].numpy())
+            first = (truth[0].numpy(), z0[0].numpy(), int(anchors[0]))  # batches go in anchor order
     a, c = analysis.result(), clim.result()
     densest = max(counts, key=counts.get)
     report = {"analysis_rmse": a, "climatology_rmse": c, "analysis_to_climatology": _ratio(a, c),
@@ -111,27 +112,17 @@ def evaluate_encoder(model, data: E2EData, anchors: np.ndarray, out_dir: Path) -
     return report
 
 
-def plot_analysis(spec: WindowSpec, truth: np.ndarray, analysis: np.ndarray, path: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    names = [c.name for c in spec.inputs]
-    fig, axes = plt.subplots(3, len(names), figsize=(3.2 * len(names), 6.5), squeeze=False)
-    extent = (spec.longitude[0], spec.longitude[-1], spec.latitude[0], spec.latitude[-1])
-    for j, name in enumerate(names):
-        lo, hi = np.percentile(truth[j], [1, 99])
-        for i, (field, title) in enumerate([(truth[j], "truth"), (analysis[j], "analysis"),
-                                            (analysis[j] - truth[j], "analysis - truth")]):
-            kw = {"vmin": lo, "vmax": hi} if i < 2 else {"cmap": "RdBu_r"}
-            im = axes[i, j].imshow(field, origin="lower", extent=extent, aspect="auto", **kw)
-            axes[i, j].set_title(f"{name}: {title}", fontsize=8)
-            fig.colorbar(im, ax=axes[i, j], shrink=0.7)
-    fig.tight_layout()
+def plot_analysis(spec: WindowSpec, truth: np.ndarray, analysis: np.ndarray, anchor: int, path: Path) -> Path:
+    """The encoder's analysis of one held-out window beside the truth and their difference, in physical units."""
+    store = open_lazy(spec.store)
+    when = np.datetime_as_string(store[TIME].values[anchor], unit="m").replace("T", " ")
+    fig = plot_field_rows([("truth", truth), ("analysis", analysis), ("analysis - truth", analysis - truth)],
+                          [c.name for c in spec.inputs],
+                          [str(store[c.variable].attrs.get("units", "")) for c in spec.inputs],
+                          spec.latitude, spec.longitude, f"encoder analysis vs truth, valid {when} UTC "
+                          f"(first held-out window)", difference_rows=(2,))
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=90)
-    plt.close(fig)
     return path
 
 
