@@ -260,8 +260,11 @@ def test_ensemble_and_ose_jobs_on_actors(chain, tmp_path, capsys):
     maps = xr.open_zarr(out / "variance_maps.zarr")
     assert list(maps.component.values) == ["u_enc", "u_drop", "u_route", "u_total", "rho_drop"]
     assert (out / "plots" / "variance_curves.png").is_file() and list((out / "plots").glob("variance_maps_*.png"))
-    run = mlflow.MlflowClient(uri).get_run(res["mlflow_run_id"])
+    client = mlflow.MlflowClient(uri)
+    run = client.get_run(res["mlflow_run_id"])
     assert "ensemble/rho_drop/geopotential" in run.data.metrics
+    history = client.get_metric_history(run.info.run_id, "ensemble/rho_drop/geopotential")
+    assert sorted(m.step for m in history) == [0, 6]  # the step is the lead in hours, as in every job
 
     res_ens_stations = res["stores"]["stations"]
     # six inits: the fewest the default fixed-b intervals take

@@ -97,6 +97,11 @@ def test_routing_members_forecast_recomputes_alone_and_evaluates(store, tmp_path
     truth = open_store(store)
     assert fc.sizes["member"] == 3
     np.testing.assert_array_equal(fc.latitude.values, truth.latitude.values[1:])  # crop drops the south row
+    # CF attributes, for tools that read them (wxray.data.cf)
+    assert fc.attrs["Conventions"] == "CF-1.8"
+    assert fc.latitude.attrs["units"] == "degrees_north" and fc.longitude.attrs["standard_name"] == "longitude"
+    assert fc.level.attrs["units"] == "hPa" and fc.lead_time.attrs["standard_name"] == "forecast_period"
+    assert fc.geopotential.attrs["long_name"] == "geopotential" and fc.geopotential.attrs["units"] == "m**2 s**-2"
     z = fc.geopotential.sel(level=500).values  # (init, lead, member, lat, lon)
     assert not np.array_equal(z[:, :, 0], z[:, :, 1])
     # Member 2 of the 5th init recomputed alone, from its own (seed, init, member) generator: bit for bit.

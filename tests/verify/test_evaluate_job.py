@@ -70,6 +70,11 @@ def test_persistence_scorecard_plots_mlflow_and_result(store_path, tmp_path, cap
     table = pd.read_csv(out_dir / "scorecard.csv")
     assert {"channel", "lead_hours", "metric", "value", "ci_lower", "ci_upper", "n_init"} <= set(table.columns)
     assert len(table) == 3 * 2 * 6  # channels x leads x (rmse, bias, mae, acc, ssim, crps)
+    units = table.groupby(["channel", "metric"])["units"].first().fillna("")
+    assert units[("geopotential_500", "rmse")] == "m**2 s**-2" and units[("2m_temperature", "crps")] == "K"
+    assert units[("geopotential_500", "acc")] == "" and units[("2m_temperature", "ssim")] == ""  # dimensionless
+    levels = table.groupby("channel")["level"].first()
+    assert levels["geopotential_500"] == 500 and pd.isna(levels["2m_temperature"])  # no level, not -1
 
     from mlflow.tracking import MlflowClient
 
@@ -77,7 +82,7 @@ def test_persistence_scorecard_plots_mlflow_and_result(store_path, tmp_path, cap
     run_id = result["mlflow_run_id"]
     # tracking.experiment is "": the job runner takes EvaluateConfig.experiment.
     assert client.get_experiment(client.get_run(run_id).info.experiment_id).name == "wxray-evaluate"
-    history = client.get_metric_history(run_id, "rmse.geopotential_500")
+    history = client.get_metric_history(run_id, "rmse/geopotential_500")
     assert sorted(m.step for m in history) == [6, 24]
     artifacts = {a.path for a in client.list_artifacts(run_id)}
     assert {"scorecard.nc", "scorecard.csv", "plots", "summary.json"} <= artifacts

@@ -264,7 +264,7 @@ def test_evaluate_stations_against_the_bilinear_baseline(world, tmp_path, capsys
 
     from mlflow.tracking import MlflowClient
 
-    history = MlflowClient(tracking_uri=uri).get_metric_history(result["mlflow_run_id"], "station_rmse.2m_temperature")
+    history = MlflowClient(tracking_uri=uri).get_metric_history(result["mlflow_run_id"], "stations/rmse/2m_temperature")
     assert sorted(m.step for m in history) == [6, 12]
 
 
@@ -300,7 +300,7 @@ def test_station_report_as_forecast_e2e_calls_it(world):
     t2m = block["variables"]["2m_temperature"]
     assert block["n_pairs"] == 192 and t2m["rmse"]["6h"] < t2m["baseline_rmse"]["6h"]
     assert sorted(step for step, _ in logged) == [6, 12]
-    assert set(logged[0][1]) == {"station_rmse.2m_temperature", "station_rel_diff.2m_temperature"}
+    assert set(logged[0][1]) == {"stations/rmse/2m_temperature", "stations/rel_diff/2m_temperature"}
     plain = station_report(world["stations"], world["obs"], "stations")
     assert plain["baseline"] == "" and "baseline_rmse" not in plain["variables"]["2m_temperature"]
 

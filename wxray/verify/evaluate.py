@@ -51,6 +51,7 @@ from wxray.verify.inference import MIN_FIXED_B_LENGTH, MIN_SERIES_LENGTH
 from wxray.verify.plots import write_plots
 from wxray.verify.scorecard import REL_DIFF_CONVENTION, Model, build_scorecard, scorecard_table
 from wxray.verify.spatial import RegionName
+from wxray.verify.digest import digest
 from wxray.verify.stations import log_station_metrics, scores_summary, scores_table, station_evaluation
 
 HEADLINE_METRICS = ("rmse", "crps", "ssr", "acc")
@@ -85,7 +86,7 @@ class EvaluateConfig(JobConfig):
     station_baseline: StationBaseline = ""  # "bilinear" (`forecast` interpolated to the stations) or a station Parquet
 
     experiment = "wxray-evaluate"
-    columns = ("rmse.*", "crps.*", "rel_rmse.*", "rel_crps.*")  # at the last lead (the step)
+    columns = ("rmse/*", "crps/*", "rel_diff/rmse/*", "rel_diff/crps/*", "stations/rmse/*")  # at the last lead
 
     def validate(self) -> None:
         gridded = bool(self.forecast) or self.make_persistence
@@ -255,16 +256,17 @@ def headline(card: xr.Dataset) -> dict[str, Any]:
 
 
 def _log_metrics(card: xr.Dataset, ctx: JobContext) -> None:
-    # One MLflow metric per channel and score with the lead in hours as the step: curves vs lead.
+    # One MLflow metric per score and channel, `<score>/<channel>` and `rel_diff/<score>/<channel>`, with the lead
+    # in hours as the step: curves vs lead. RESULT's keys are the same names with dots and the lead appended.
     hours = card[LEAD].values / np.timedelta64(1, "h")
     for j, h in enumerate(hours):
         values = {}
         for ch in card["channel"].values:
             for m in card["metric"].values:
-                values[f"{m}.{ch}"] = float(card["value"].sel(channel=ch, metric=m).isel({LEAD: j}))
+                values[f"{m}/{ch}"] = float(card["value"].sel(channel=ch, metric=m).isel({LEAD: j}))
                 if "rel_diff" in card:
                     rel = card["rel_diff"].sel(channel=ch, metric=m).isel({LEAD: j})
-                    values[f"rel_{m}.{ch}"] = float(rel)
+                    values[f"rel_diff/{m}/{ch}"] = float(rel)
         ctx.tracker.log_metrics(values, step=int(round(h)))
 
 
@@ -305,7 +307,8 @@ def evaluate(cfg: EvaluateConfig, ctx: JobContext) -> dict[str, Any]:
     card = build_scorecard(forecast, truth, chans, climatology=climatology, baseline=baseline,
                            region=None if cfg.region == "global" else cfg.region, skipna=cfg.skipna,
                            n_bootstrap=cfg.n_bootstrap, confidence=cfg.confidence,
-                           significance=cfg.significance, seed=cfg.seed, method=cfg.significance_method)
+                           significance=cfg.significance, seed=cfg.seed, method=cfg.significance_method,
+                           progress=True)
     card.attrs.update(forecast=forecast.name, truth=cfg.truth, baseline=baseline.name if baseline else "",
                       n_members=forecast.n_members(), member_dims=",".join(forecast.member_dims),
                       region=cfg.region, n_bootstrap=cfg.n_bootstrap, confidence=cfg.confidence,
@@ -328,6 +331,8 @@ def evaluate(cfg: EvaluateConfig, ctx: JobContext) -> dict[str, Any]:
     if cfg.plots:
         ctx.tracker.log_artifact(out / "plots", artifact_path="plots")
     _log_metrics(card, ctx)
+    for line in digest(card):
+        say(line)
     result = {**headline(card), "scorecard": str(out / "scorecard.nc")}
     if unscored:
         result["unscored"] = unscored

@@ -3,8 +3,10 @@
 Layout (an xarray Dataset, written as netCDF; `scorecard_table` gives the same as a long CSV table):
 
 * dims `channel` (e.g. "geopotential_500"; coords `variable`, `level`, `units`: the variable's `units`
-  attribute from the truth, else the forecast, "" if neither has one), `lead_time` (timedelta), `metric`,
-  and where they apply `rank` (1..K+1) and `latitude` x `longitude`;
+  attribute from the truth, else the forecast, "" if neither has one; `level` -1 for a surface field),
+  `lead_time` (timedelta), `metric` (coords `higher_is_better`, `unit_power`: the score's units are the
+  variable's to this power, 0 for ACC, SSIM and ratios), and where they apply `rank` (1..K+1) and
+  `latitude` x `longitude`;
 * `value`, `ci_lower`, `ci_upper` (channel, lead_time, metric): the aggregate over initialisations and its
   interval (`wxray.verify.inference`). Default method "fixed-b": a t interval whose variance is a
   prewhitened Bartlett HAC estimate with fixed-b critical values (nonlinear aggregates such as RMSE
@@ -36,6 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 import xarray as xr
+from tqdm.auto import tqdm
 
 from wxray.data.schema import INIT, LAT, LEAD, LON, Channel, select_channel
 from wxray.errors import DataError
@@ -196,12 +199,14 @@ def build_scorecard(forecast: Model, truth: xr.Dataset, channels: list[Channel],
                     climatology: xr.Dataset | None = None, baseline: Model | None = None,
                     region=None, skipna: bool = False, n_bootstrap: int = 5000, confidence: float = 0.95,
                     significance: float = 0.05, seed: int = 0, method: str = DEFAULT_METHOD,
-                    metrics: Sequence[str] | None = None, intervals: bool = True, maps: bool = True) -> xr.Dataset:
+                    metrics: Sequence[str] | None = None, intervals: bool = True, maps: bool = True,
+                    progress: bool = False) -> xr.Dataset:
     """Score `forecast` (and compare with `baseline`) on every channel x lead; see the module doc.
 
     `method`: "fixed-b" (default) or "paper", see `wxray.verify.inference`; n_bootstrap and seed apply to "paper".
     `metrics`: only these of `verify.metrics.METRICS` (default: every one that applies); `intervals=False`: the
-    scores alone (no intervals or tests, as with too few inits); `maps=False`: no maps or rank histograms.
+    scores alone (no intervals or tests, as with too few inits); `maps=False`: no maps or rank histograms;
+    `progress`: a progress bar over channels x leads (evaluate's console).
     """
     check_method(method)
     models = [forecast] + ([baseline] if baseline is not None else [])
@@ -218,30 +223,39 @@ def build_scorecard(forecast: Model, truth: xr.Dataset, channels: list[Channel],
     maps: dict[str, list] = {}
     hists: list = []
     rng = np.random.default_rng(seed)
-    for c, ch in enumerate(channels):
-        clim_da = select_channel(climatology, ch).astype(np.float64) if has_clim else None
-        truth_da = select_channel(truth, ch)
-        for j, lead in enumerate(leads):
-            what = f"{forecast.name} '{ch.name}' lead {lead / np.timedelta64(1, 'h'):g} h"
-            t = _finite(truth_at(truth_da, inits, lead, what).load().astype(np.float64))
-            fields = [_finite(select_channel(m.data, ch).sel({LEAD: lead}).load().astype(np.float64))
-                      for m in models]
-            nans = _nan_count(t, *fields)
-            if nans and not skipna:
-                raise DataError(f"{what}: {nans} missing (NaN) or infinite values in forecast or truth "
-                                "(set skipna=true to skip them)")
-            nan_points[c] += nans
-            clim = None
-            if clim_da is not None:
-                valid = xr.DataArray(inits + lead, dims=[INIT], coords={INIT: inits})
-                clim = det.climatology_at(clim_da, valid)
-            row, lead_maps, hist, n_init[c, j], block[c, j] = _score_lead(
-                models, metric_sets, fields, t, clim, what, cfg, rng)
-            for k, v in row.items():
-                rows.setdefault(k, []).append(v)
-            for k, v in lead_maps.items():
-                maps.setdefault(k, []).append(v)
-            hists.append(hist)
+    # only on a terminal (None: off when stderr is not one); cleared before an error, so that stays one line
+    bar = tqdm(total=len(channels) * len(leads), desc="scoring", unit="lead", disable=None if progress else True)
+    try:
+        for c, ch in enumerate(channels):
+            clim_da = select_channel(climatology, ch).astype(np.float64) if has_clim else None
+            truth_da = select_channel(truth, ch)
+            for j, lead in enumerate(leads):
+                what = f"{forecast.name} '{ch.name}' lead {lead / np.timedelta64(1, 'h'):g} h"
+                t = _finite(truth_at(truth_da, inits, lead, what).load().astype(np.float64))
+                fields = [_finite(select_channel(m.data, ch).sel({LEAD: lead}).load().astype(np.float64))
+                          for m in models]
+                nans = _nan_count(t, *fields)
+                if nans and not skipna:
+                    raise DataError(f"{what}: {nans} missing (NaN) or infinite values in forecast or truth "
+                                    "(set skipna=true to skip them)")
+                nan_points[c] += nans
+                clim = None
+                if clim_da is not None:
+                    valid = xr.DataArray(inits + lead, dims=[INIT], coords={INIT: inits})
+                    clim = det.climatology_at(clim_da, valid)
+                row, lead_maps, hist, n_init[c, j], block[c, j] = _score_lead(
+                    models, metric_sets, fields, t, clim, what, cfg, rng)
+                for k, v in row.items():
+                    rows.setdefault(k, []).append(v)
+                for k, v in lead_maps.items():
+                    maps.setdefault(k, []).append(v)
+                bar.update()
+                hists.append(hist)
+    except BaseException:
+        bar.leave = False
+        raise
+    finally:
+        bar.close()
     out = {k: np.stack(v).reshape(*shape, -1) for k, v in rows.items()}
     ds = _assemble(out, metric_sets[0], channels, leads, n_init, block, nan_points, maps, hists)
     units = [channel_units(ch, truth, forecast.data) for ch in channels]
@@ -268,6 +282,12 @@ def channel_units(ch: Channel, *sources: xr.Dataset) -> str:
     return ""
 
 
+def _score_units(units: str, power: int) -> str:
+    if not units or power == 0:
+        return ""
+    return units if power == 1 else f"({units})**{power}"
+
+
 def _assemble(out, metrics, channels, leads, n_init, block, nan_points, maps, hists) -> xr.Dataset:
     dims3 = ("channel", LEAD, "metric")
     levels = [ch.level if ch.level is not None else -1 for ch in channels]  # -1: a surface variable
@@ -276,7 +296,8 @@ def _assemble(out, metrics, channels, leads, n_init, block, nan_points, maps, hi
                             "metric": [m.name for m in metrics],
                             "variable": ("channel", [ch.variable for ch in channels]),
                             "level": ("channel", levels),
-                            "higher_is_better": ("metric", [int(m.higher_is_better) for m in metrics])})
+                            "higher_is_better": ("metric", [int(m.higher_is_better) for m in metrics]),
+                            "unit_power": ("metric", [m.unit_power for m in metrics])})
     ds["n_init"] = (("channel", LEAD), n_init)
     ds["block_length"] = (("channel", LEAD), block)
     ds["nan_points"] = (("channel",), nan_points)
@@ -293,10 +314,17 @@ def _assemble(out, metrics, channels, leads, n_init, block, nan_points, maps, hi
 
 
 def scorecard_table(ds: xr.Dataset) -> pd.DataFrame:
-    """Long table: one row per channel x lead x applicable metric."""
+    """Long table: one row per channel x lead x applicable metric. `units` are the score's own (the variable's
+    for RMSE, squared for a variance, empty for ACC, SSIM, ratios); `level` is empty for a surface field."""
     cols = [k for k in ds.data_vars if ds[k].dims == ("channel", LEAD, "metric")]
     df = ds[cols].to_dataframe().reset_index()
     df = df[df["value"].notna()].copy()  # NaN: not applicable; inf (e.g. SSR of an error-free mean) stays
+    if "level" in df:
+        df["level"] = df["level"].where(df["level"] >= 0).astype("Int64")
+    if "unit_power" in df:
+        power = df.pop("unit_power")
+        if "units" in df:
+            df["units"] = [_score_units(str(u), int(p)) for u, p in zip(df["units"], power, strict=True)]
     df.insert(2, "lead_hours", df.pop(LEAD) / np.timedelta64(1, "h"))
     extra = ds[["n_init", "block_length"]].to_dataframe().reset_index()
     extra["lead_hours"] = extra.pop(LEAD) / np.timedelta64(1, "h")

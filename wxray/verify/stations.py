@@ -324,10 +324,10 @@ def station_evaluation(path: str | Path, obs_dir: str | Path, stream: str, *, gr
 
 
 def log_station_metrics(scores: xr.Dataset, tracker) -> None:
-    """MLflow metrics `station_rmse.<variable>` (and `station_rel_diff.<variable>`), step = lead in hours."""
+    """MLflow metrics `stations/rmse/<variable>` (and `stations/rel_diff/<variable>`), step = lead in hours."""
     for h in scores[LEAD].values:
         s = scores.sel(lead_time=h)
-        tracker.log_metrics({f"station_{m}.{v}": float(s[m].sel(variable=v)) for m in ("rmse", "rel_diff") if m in s
+        tracker.log_metrics({f"stations/{m}/{v}": float(s[m].sel(variable=v)) for m in ("rmse", "rel_diff") if m in s
                              for v in s["variable"].values if s["count"].sel(variable=v) > 0}, step=int(h))
 
 

@@ -96,9 +96,9 @@ def analyse(layout: Layout, paths: dict[str, Path], truth_fn, scored_inits: np.n
             logged["stations/rho_drop"] = report["stations"]["rho_drop"]
         for key, curves_of in logged.items():
             for ch, values in curves_of.items():
-                for step, v in enumerate(values):
+                for hours, v in zip(report["lead_hours"], values, strict=True):  # step: the lead in hours
                     if np.isfinite(v):
-                        tracker.log_metrics({f"ensemble/{key}/{ch}": v}, step=step)
+                        tracker.log_metrics({f"ensemble/{key}/{ch}": v}, step=int(round(hours)))
         tracker.log_artifact(out_dir / "scores.json")
     if plots:
         folder = out_dir / "plots"

@@ -40,6 +40,7 @@ import pandas as pd
 import xarray as xr
 import zarr
 
+from wxray.data.cf import describe
 from wxray.data.schema import INIT, LAT, LEAD, LEVEL, LON
 from wxray.data.windows import WindowSpec
 from wxray.errors import DataError
@@ -130,7 +131,7 @@ def _field_template(layout: Layout, moments: bool) -> xr.Dataset:
             data[var] = xr.DataArray(arr, dims=(*lead_dims, LEVEL, LAT, LON), coords={LEVEL: levels})
         if var in layout.units:
             data[var].attrs["units"] = layout.units[var]
-    return xr.Dataset(data, coords=coords, attrs=layout.attrs)
+    return describe(xr.Dataset(data, coords=coords, attrs=layout.attrs))
 
 
 def _station_template(layout: Layout, moments: bool) -> xr.Dataset:

@@ -27,6 +27,7 @@ import torch
 import xarray as xr
 from tqdm.auto import tqdm
 
+from wxray.data.cf import describe
 from wxray.data.schema import INIT, LAT, LEAD, LEVEL, LON, MEMBER, TIME, time_step
 from wxray.data.windows import WindowReader, WindowSpec, open_lazy, per_channel, to_physical
 from wxray.io import atomic_path
@@ -175,7 +176,7 @@ def to_forecast_dataset(fc: np.ndarray, spec: WindowSpec, ds: xr.Dataset, anchor
 
 def write_forecast(forecast: xr.Dataset, path: str | Path) -> Path:
     """Atomically, as zarr v2 with consolidated metadata (as WeatherBench 2 / ARCO-ERA5 stores are), so a
-    plain `xr.open_zarr(path)` opens it in one metadata read and without a warning."""
+    plain `xr.open_zarr(path)` opens it in one metadata read and without a warning; CF attributes added."""
     with atomic_path(path) as tmp:
-        forecast.drop_encoding().to_zarr(tmp, zarr_format=2, consolidated=True)
+        describe(forecast).drop_encoding().to_zarr(tmp, zarr_format=2, consolidated=True)
     return Path(path)
