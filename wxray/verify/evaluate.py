@@ -36,6 +36,7 @@ from wxray.data.schema import INIT, LAT, LEAD, LON, TIME, channels, longitude_co
 from wxray.errors import ConfigError, DataError
 from wxray.io import atomic_path
 from wxray.job import JobConfig, JobContext, say
+from wxray.verify.digest import digest
 from wxray.verify.forecasts import (
     check_grid,
     crop_to,
@@ -51,7 +52,6 @@ from wxray.verify.inference import MIN_FIXED_B_LENGTH, MIN_SERIES_LENGTH
 from wxray.verify.plots import write_plots
 from wxray.verify.scorecard import REL_DIFF_CONVENTION, Model, build_scorecard, scorecard_table
 from wxray.verify.spatial import RegionName
-from wxray.verify.digest import digest
 from wxray.verify.stations import log_station_metrics, scores_summary, scores_table, station_evaluation
 
 HEADLINE_METRICS = ("rmse", "crps", "ssr", "acc")
