@@ -97,7 +97,7 @@ def ose(cfg: OSEConfig, ctx: JobContext) -> dict[str, Any]:
     for row in table.itertuples():
         if np.isfinite(row.change):
             tracker.log_metrics({f"ose/{row.stream}/{row.component}": float(row.change)},
-                                step=hours.index(row.lead_hours))
+                                step=int(round(row.lead_hours)))  # the lead in hours, as in every job
     tracker.log_artifact(ctx.out_dir / "ose.csv")
     if cfg.plots:
         for path in plot_ose(table, ranking, rank_hours, ctx.out_dir / "plots"):
