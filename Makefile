@@ -77,8 +77,8 @@ demo-ensemble: setup
 	$(BIN)/python jobs/ensemble.py members.M=4 members.N=4 members.R=2 out_dir=runs/ensemble/demo $(ARGS)
 	test -d $(DENY_STAGES)/stochastic_encoder || { mkdir -p $(DENY_STAGES) && \
 		for s in chain decoder encoder processor stochastic_processor; do ln -sfn ../e2e/$$s $(DENY_STAGES)/$$s; done && \
-		$(BIN)/python jobs/finetune_stochastic.py stage=encoder stochastic.deny_prob=0.3 stages_dir=$(DENY_STAGES); }
-	$(BIN)/python jobs/ose.py checkpoint=$(DENY_STAGES) members.M=4 members.N=4 members.R=2 out_dir=runs/ose/demo $(ARGS)
+		$(BIN)/python jobs/finetune_stochastic.py stage=encoder stochastic.deny_prob=0.3 stages=$(DENY_STAGES); }
+	$(BIN)/python jobs/ose.py stages=$(DENY_STAGES) members.M=4 members.N=4 members.R=2 out_dir=runs/ose/demo $(ARGS)
 
 # The uplifted chain's inference dropout p, scored by spread-skill (the paper's selection of p = 0.05).
 calibrate-dropout: setup

@@ -3,7 +3,7 @@
 
     python jobs/forecast.py checkpoint=runs/train_sparse/exp1                      # the run's test split
     python jobs/forecast.py checkpoint=<run or checkpoint dir> inits=2000-03-01/2000-03-31 steps=8
-    python jobs/forecast.py checkpoint=<dir> routing_members=10 seed=0   # routing draws as an ensemble
+    python jobs/forecast.py checkpoint=<dir> members=10 seed=0           # routing draws as an ensemble
     python jobs/evaluate.py forecast=<out_dir>/forecast.zarr truth=<store>   # CRPS, spread-skill, ...
 
 Every option is a field of `wxray.platform.inference.forecast.ForecastConfig`; bad input exits 2 with a one-line error.

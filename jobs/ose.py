@@ -1,7 +1,7 @@
 """Observing-system experiments: each stream withheld in turn from the uplifted chain's nested ensemble.
 
-    python jobs/ose.py checkpoint=runs/train_e2e/e2e members.M=4 members.N=4 deny=[stations,ships]
-    python jobs/ose.py checkpoint=runs/train_e2e/e2e                 # every stream, one at a time
+    python jobs/ose.py stages=runs/train_e2e/e2e members.M=4 members.N=4 streams=[stations,ships]
+    python jobs/ose.py stages=runs/train_e2e/e2e                     # every stream, one at a time
 """
 
 import sys

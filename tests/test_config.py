@@ -104,18 +104,40 @@ def test_a_section_given_in_part_keeps_its_owners_defaults():
 
 
 def test_renamed_keys_keep_working_for_a_release_with_one_line(capsys):
-    """M, N, R are spelled members.M/N/R in every job; forecast_e2e's members_m/members_n and the OSE's deny
-    still work, each with one deprecation line."""
+    """One name per key in every job (JobConfig.renamed): the stages folder is `stages`, M and N are
+    members.M/N, forecast's samples `members`; the old names still work, each with one deprecation line, and
+    both names at once is an error. The OSE's deny is kept likewise."""
+    from wxray.errors import ConfigError
     from wxray.job import prepare
+    from wxray.platform.ensemble.batch import EnsembleConfig
     from wxray.platform.ensemble.ose import OSEConfig
+    from wxray.platform.inference.forecast import ForecastConfig
     from wxray.platform.inference.forecast_e2e import ForecastE2EConfig
+    from wxray.platform.train.stage_config import TrainE2EConfig
+    from wxray.platform.train.stochastic import FinetuneStochasticConfig
 
     cfg = prepare("forecast_e2e", ForecastE2EConfig, ["members_m=3", "members_n=2"])
-    assert (cfg.members.M, cfg.members.N, cfg.members_m, cfg.members_n) == (3, 2, 0, 0)
+    assert (cfg.members.M, cfg.members.N) == (3, 2) and not hasattr(cfg, "members_m")
     out = capsys.readouterr().out.splitlines()
     assert out == ["wxray: config key 'members_m' is deprecated and will be removed: use 'members.M'",
                    "wxray: config key 'members_n' is deprecated and will be removed: use 'members.N'"]
     assert prepare("forecast_e2e", ForecastE2EConfig, ["members.M=4"]).members.M == 4
+    assert capsys.readouterr().out == ""
+    for job, cls, argv, key, value in [
+            ("ensemble", EnsembleConfig, ["checkpoint=runs/train_e2e/x"], "stages", "runs/train_e2e/x"),
+            ("ose", OSEConfig, ["checkpoint=runs/train_e2e/x"], "stages", "runs/train_e2e/x"),
+            ("train_e2e", TrainE2EConfig, ["stage=encoder", "stages_dir=runs/train_e2e/x"], "stages",
+             "runs/train_e2e/x"),
+            ("finetune_stochastic", FinetuneStochasticConfig, ["stages_dir=runs/train_e2e/x"], "stages",
+             "runs/train_e2e/x"),
+            ("forecast", ForecastConfig, ["checkpoint=run", "routing_members=3"], "members", 3)]:
+        got = getattr(prepare(job, cls, argv), key)
+        assert got == value or str(got).endswith(str(value)), (job, got)
+        old = argv[-1].split("=")[0]
+        assert capsys.readouterr().out.splitlines() == [
+            f"wxray: config key '{old}' is deprecated and will be removed: use '{key}'"], job
+    with pytest.raises(ConfigError, match="config keys 'members_m' and 'members.M' are one key"):
+        prepare("forecast_e2e", ForecastE2EConfig, ["members_m=3", "members.M=2"])
     ose = prepare("ose", OSEConfig, ["deny=[stations]"])
     assert ose.streams == ["stations"] and ose.deny == []
     assert "use 'streams'" in capsys.readouterr().out

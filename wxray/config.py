@@ -223,7 +223,35 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     raise ConfigError(f"config key '{key}' expects {type_name(tp)}, got {value!r}")
 
 
+_QUIET = [False]  # reading a saved config (from_dict(saved=True)): renamed keys move without a notice
+
+
+def deprecated(old: str, new: str) -> None:
+    """The one line a renamed config key prints while its old name still works (for one release)."""
+    if _QUIET[0]:
+        return
+    print(f"wxray: config key '{old}' is deprecated and will be removed: use '{new}'", flush=True)
+
+
+def _renamed(cls: type, values: dict[str, Any], prefix: str) -> dict[str, Any]:
+    """`values` with the old names of `cls.renamed` ({old: new}, new may be dotted: 'members.M') moved to the
+    new ones, each with its deprecation line; both names given is an error."""
+    values = dict(values)
+    for old, new in getattr(cls, "renamed", {}).items():
+        if old not in values:
+            continue
+        head, _, rest = new.partition(".")
+        if head in values and (not rest or rest in (values[head] or {})):
+            raise ConfigError(f"config keys '{prefix}{old}' and '{prefix}{new}' are one key ('{old}' is its old "
+                              f"name): give '{prefix}{new}' only")
+        deprecated(prefix + old, prefix + new)
+        value = values.pop(old)
+        values = deep_merge(values, {head: {rest: value}} if rest else {head: value})
+    return values
+
+
 def _build(cls: type[T], values: dict[str, Any], prefix: str = "") -> T:
+    values = _renamed(cls, values, f"{prefix}." if prefix else "")
     hints = typing.get_type_hints(cls, include_extras=True)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     kwargs = {}
@@ -278,9 +306,14 @@ def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def from_dict(cls: type[T], values: dict[str, Any]) -> T:
-    """Inverse of `to_dict` (used on Ray workers): same checks as loading from YAML."""
-    cfg = _build(cls, values)
+def from_dict(cls: type[T], values: dict[str, Any], saved: bool = False) -> T:
+    """Inverse of `to_dict` (used on Ray workers): same checks as loading from YAML. `saved`: the values are
+    a run's own config.yaml, written before a key was renamed: read under the old names without a notice."""
+    _QUIET[0] = saved
+    try:
+        cfg = _build(cls, values)
+    finally:
+        _QUIET[0] = False
     _validate(cfg)
     return cfg
 

@@ -81,6 +81,8 @@ class JobConfig:
 
     experiment = "wxray"  # the job's MLflow experiment when tracking.experiment is "" (class attribute)
     columns: ClassVar[tuple[str, ...]] = ()  # metrics (fnmatch patterns) the MLflow UI's runs table shows
+    # {old key: new key} of renamed keys: the old name works for one release with a deprecation line (config.py)
+    renamed: ClassVar[dict[str, str]] = {}
 
     def run_label(self, job: str) -> str:
         """The distinguishing start of the default MLflow run name (jobs override: model, keep ratio)."""
@@ -94,11 +96,6 @@ def verbose() -> bool:
 def say(line: str) -> None:
     """A progress line for the user, on stdout, flushed (RESULT stays the last line)."""
     print(f"wxray: {line}", flush=True)
-
-
-def deprecated(old: str, new: str) -> None:
-    """The one line a renamed config key prints while its old name still works (for one release)."""
-    say(f"config key '{old}' is deprecated and will be removed: use '{new}'")
 
 
 class JobContext:

@@ -60,7 +60,7 @@ def test_a_stream_without_reports_in_the_training_split_is_refused(small_store, 
     assert prepare_obs(table, tmp_path / "obs", stream="synop").n_obs == 2
     rc = run_job("train_e2e", TrainE2EConfig, train_e2e,
                  ["stage=encoder", f"data.store={small_store}", f"data.obs_dir={tmp_path / 'obs'}",
-                  "data.station_stream=synop", f"stages_dir={tmp_path / 'stages'}", "tracking.enabled=false"])
+                  "data.station_stream=synop", f"stages={tmp_path / 'stages'}", "tracking.enabled=false"])
     err = capsys.readouterr().err.strip()
     assert rc == 2 and err.startswith(f"error: stream 'synop' of obs dir {tmp_path / 'obs'} has no reports in the "
                                       "period of the training split"), err
@@ -68,7 +68,7 @@ def test_a_stream_without_reports_in_the_training_split_is_refused(small_store, 
 
 
 def test_chain_without_its_earlier_stages_names_what_to_run(small_store, small_obs, tmp_path):
-    cfg = TrainE2EConfig(stage="chain", data=_data_cfg(small_store, small_obs), stages_dir=str(tmp_path / "none"))
+    cfg = TrainE2EConfig(stage="chain", data=_data_cfg(small_store, small_obs), stages=str(tmp_path / "none"))
     data = prepare_e2e(cfg.data, cfg.encoder.patch_size)
     with pytest.raises(CheckpointError, match="needs the encoder stage first.*stage=encoder"):
         initial_weights(cfg, data)
@@ -95,7 +95,7 @@ def chain(ray_session, small_store, small_obs, tmp_path_factory):
         drill = ["train.fault_drill_epoch=0", "train.max_failures=1"] if stage == "decoder" else []
         results[stage] = _run("train_e2e", TrainE2EConfig, train_e2e, [
             f"stage={stage}", f"data.store={small_store}", f"data.obs_dir={small_obs.obs_dir}",
-            f"stages_dir={stages}", f"tracking.uri={uri}", "encoder.patch_size=2", "processor.patch_size=2", *TINY,
+            f"stages={stages}", f"tracking.uri={uri}", "encoder.patch_size=2", "processor.patch_size=2", *TINY,
             *drill])
     return stages, uri, results
 
@@ -164,14 +164,14 @@ def test_stages_forecast_and_station_scores(chain, small_obs, tmp_path):
 def test_stochastic_uplift_and_nested_members_recomputed_alone(chain, tmp_path):
     stages, uri, _ = chain
     with pytest.raises(CheckpointError, match="stage=encoder"):  # the processor needs the stochastic encoder
-        finetune_stochastic(load_config(FinetuneStochasticConfig, ["stage=processor", f"stages_dir={stages}"]), None)
+        finetune_stochastic(load_config(FinetuneStochasticConfig, ["stage=processor", f"stages={stages}"]), None)
     small = ["train.epochs=1", "train.max_steps_per_epoch=2", "stochastic.members=2", "stochastic.dropout=0.2",
-             "stochastic.noise_dim=4", f"stages_dir={stages}", f"tracking.uri={uri}"]
+             "stochastic.noise_dim=4", f"stages={stages}", f"tracking.uri={uri}"]
     enc = _run("finetune_stochastic", FinetuneStochasticConfig, finetune_stochastic, ["stage=encoder", *small])
     assert enc["from"] == "chain" and enc["epochs"] == 1
     with pytest.raises(ConfigError, match=r"stochastic.leads'=1000: at lead 1000 the train split .*holds no windows"):
         finetune_stochastic(load_config(FinetuneStochasticConfig, ["stage=processor", "stochastic.leads=1000",
-                                                                   f"stages_dir={stages}"]), None)
+                                                                   f"stages={stages}"]), None)
     proc = _run("finetune_stochastic", FinetuneStochasticConfig, finetune_stochastic,
                 ["stage=processor", "stochastic.leads=2", *small])
     assert set(proc["leads"]) == {"lead_1", "lead_2"}
@@ -201,7 +201,7 @@ def test_dropout_calibration_sweep_scores_each_rate_by_spread_skill(chain, tmp_p
     if not (stages / "stochastic_encoder").exists():
         _run("finetune_stochastic", FinetuneStochasticConfig, finetune_stochastic,
              ["stage=encoder", "train.epochs=1", "train.max_steps_per_epoch=2", "stochastic.members=2",
-              "stochastic.noise_dim=4", f"stages_dir={stages}", "tracking.enabled=false"])
+              "stochastic.noise_dim=4", f"stages={stages}", "tracking.enabled=false"])
     # six inits: the evaluation's intervals need that many
     spec = {"job": "forecast_e2e", "overrides": {"stages": str(stages), "members.N": 2, "steps": 1,
                                                   "inits": "2000-01-01T06/2000-01-02T12"},
@@ -229,7 +229,7 @@ def _uplifted(stages):
     if not (stages / "stochastic_encoder").exists():
         _run("finetune_stochastic", FinetuneStochasticConfig, finetune_stochastic,
              ["stage=encoder", "train.epochs=1", "train.max_steps_per_epoch=2", "stochastic.members=2",
-              "stochastic.noise_dim=4", f"stages_dir={stages}", "tracking.enabled=false"])
+              "stochastic.noise_dim=4", f"stages={stages}", "tracking.enabled=false"])
 
 
 @pytest.mark.slow
@@ -242,7 +242,7 @@ def test_ensemble_and_ose_jobs_on_actors(chain, tmp_path, capsys):
 
     stages, uri, _ = chain
     _uplifted(stages)
-    common = [f"checkpoint={stages}", "members.M=2", "members.N=2", "lead_steps=1", "dropout=0.2",
+    common = [f"stages={stages}", "members.M=2", "members.N=2", "lead_steps=1", "dropout=0.2",
               "workers.actors=1"]  # one replica: the actors' own tests are in test_ensemble.py
     out = tmp_path / "ens"
     res = _run("ensemble", EnsembleConfig, ensemble, [*common, INITS, "members.R=2", f"out_dir={out}",
@@ -306,7 +306,7 @@ def test_ensemble_and_ose_jobs_on_actors(chain, tmp_path, capsys):
     plain.mkdir()
     for stage in ("encoder", "processor", "decoder", "chain"):
         (plain / stage).symlink_to(stages / stage)
-    rc = run_job("ensemble", EnsembleConfig, ensemble, [*common, f"checkpoint={plain}", INITS,
+    rc = run_job("ensemble", EnsembleConfig, ensemble, [*common, f"stages={plain}", INITS,
                                                         f"out_dir={tmp_path / 'bad'}", "tracking.enabled=false"])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and "members.M=2" in err[0] and "no stochastic encoder" in err[0], err

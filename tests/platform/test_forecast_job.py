@@ -87,7 +87,7 @@ def test_routing_members_forecast_recomputes_alone_and_evaluates(store, tmp_path
     out = tmp_path / "fc"
     rc, res, err = _run(capsys, "forecast", ForecastConfig, forecast,
                         [f"checkpoint={ckpt}", f"out_dir={out}", f"tracking.uri=sqlite:///{tmp_path}/m.db",
-                         "routing_members=3", "steps=2", f"inits={TRAJECTORY_1}", "seed=5"])
+                         "members=3", "steps=2", f"inits={TRAJECTORY_1}", "seed=5"])
     assert rc == 0, err
     assert res["members"] == 3 and res["grid"] == "8x16" and res["grid_fit"] == "crop" and res["inits"] == 13
     roll = res["rollout"]
@@ -193,7 +193,7 @@ def test_checkpoint_from_before_pos_embed_forecasts_with_the_fixed_table(store, 
     ("outside", "no init in store"),
     ("fixed_routing", "draws no random routing"),
     ("bad_range", "inits must be 'start/end' dates"),
-    ("two_names", "members=2 and routing_members=3 disagree"),
+    ("two_names", "config keys 'routing_members' and 'members' are one key"),
 ])
 def test_bad_forecast_input_is_one_line(store, tmp_path, capsys, what, needle):
     ckpt, _, _ = _save_checkpoint(tmp_path / "ckpt", store, deterministic_eval=what == "fixed_routing")
@@ -201,7 +201,7 @@ def test_bad_forecast_input_is_one_line(store, tmp_path, capsys, what, needle):
     argv = {"missing": [f"checkpoint={tmp_path / 'nope'}"],
             "empty": [f"checkpoint={tmp_path / 'empty'}"],
             "outside": [f"checkpoint={ckpt}", "inits=1999-01-01/1999-02-01"],
-            "fixed_routing": [f"checkpoint={ckpt}", "routing_members=2", f"inits={TRAJECTORY_1}"],
+            "fixed_routing": [f"checkpoint={ckpt}", "members=2", f"inits={TRAJECTORY_1}"],
             "bad_range": [f"checkpoint={ckpt}", "inits=2000-01-01"],
             "two_names": [f"checkpoint={ckpt}", "members=2", "routing_members=3"]}[what]
     out = tmp_path / "out"

@@ -20,7 +20,7 @@ class SweepConfig(JobConfig):
     base: InPath = ""  # that job's config YAML every trial starts from ("" = the job's defaults)
     overrides: dict[str, Any] = field(default_factory=dict)  # dotted keys of that job set for every trial
     space: dict[str, Any] = field(default_factory=dict)  # dotted key -> {grid|choice|uniform|loguniform: ...}
-    repeat: Annotated[int, Range()] = 1  # seeds per point (train.seed 0 .. repeat - 1)
+    repeat: PosInt = 1  # seeds per point (train.seed 0 .. repeat - 1)
     num_samples: PosInt = 1  # draws of the choice/uniform/loguniform keys per grid point
     # what ASHA and the best config go by: val/loss, val/rmse/<channel>, train/epoch_loss (train_sparse);
     # ssr_distance, mean_ssr, crps/<channel>, rmse/<channel> (forecast_e2e)

@@ -1,11 +1,11 @@
 """The batch ensemble job (`jobs/ensemble.py`): nested M x N (x R) ensembles of the uplifted end-to-end chain
 on Ray actors, and where their spread comes from.
 
-    python jobs/ensemble.py checkpoint=runs/train_e2e/e2e members.M=7 members.N=7 lead_steps=10
+    python jobs/ensemble.py stages=runs/train_e2e/e2e members.M=7 members.N=7 lead_steps=10
     python jobs/ensemble.py ... members.R=3             # + routing draws: U_route beside U_enc and U_drop
     python jobs/ensemble.py ... keep_members=false      # only streamed moments: disk does not grow with M N R
 
-`checkpoint` is the stages directory of `jobs/train_e2e.py` after `jobs/finetune_stochastic.py` (the
+`stages` is the stages directory of `jobs/train_e2e.py` after `jobs/finetune_stochastic.py` (the
 stochastic encoder, and the MC-dropout processor or `dropout=`). A work unit is (init t, encoder draw i):
 an actor encodes once and rolls the N x R members out as one batch (`inference/nested.py`, `actors.py`).
 Outputs in the run directory (`store.py`): forecast.zarr (+ stations.zarr) or moments.zarr, then
@@ -28,7 +28,7 @@ from typing import Annotated, Any, Literal
 
 import numpy as np
 
-from wxray.config import InPath, NonNegFloat, NonNegInt, PosInt, Range, RunsDir, Seed
+from wxray.config import InPath, NonNegFloat, NonNegInt, PosFloat, PosInt, Range, RunsDir, Seed
 from wxray.data.e2e_windows import E2EReader
 from wxray.data.schema import TIME, open_store, time_step
 from wxray.data.windows import choose_inits, parse_range, rollout_anchors
@@ -79,7 +79,7 @@ class ActorConfig:
 
 @dataclass
 class EnsembleConfig(JobConfig):
-    checkpoint: RunsDir = "runs/train_e2e/e2e"  # stages directory of jobs/train_e2e.py + jobs/finetune_stochastic.py
+    stages: RunsDir = "runs/train_e2e/e2e"  # stages directory of jobs/train_e2e.py + jobs/finetune_stochastic.py
     store: InPath = ""  # "" = the store the stages were trained on
     obs_dir: InPath = ""  # "" = the observation streams the stages were trained on
     inits: str = ""  # "start/end" init times, inclusive; "" = the test split with truth at every lead
@@ -91,9 +91,11 @@ class EnsembleConfig(JobConfig):
     keep_members: bool = True  # false: only the streamed moments (moments.zarr), no forecast.zarr
     workers: ActorConfig = field(default_factory=ActorConfig)
     ray_address: str = ""  # "" = RAY_ADDRESS under ray job submit, else a local cluster
+    ray_timeout_s: PosFloat = 60.0  # give up on an unreachable ray_address after this many seconds
     plots: bool = True  # variance maps and curves (PNG) in plots/ and MLflow
 
     experiment = "wxray-ensemble"
+    renamed = {"checkpoint": "stages"}  # one release
     columns = ("ensemble/ssr_total/*", "ensemble/rho_drop/*")  # at the last lead (the step)
 
     def run_label(self, job: str) -> str:
@@ -108,9 +110,9 @@ class EnsembleConfig(JobConfig):
 
 def build_models(cfg: EnsembleConfig) -> tuple[UnitModels, Layout, np.ndarray, Any, dict[str, str]]:
     """The replica every actor holds, the output layout, the init indices, the data and the checkpoints."""
-    tcfg, data, _, processor, decoder, used = load_chain(cfg.checkpoint, cfg.store, cfg.obs_dir, cfg.deny)
+    tcfg, data, _, processor, decoder, used = load_chain(cfg.stages, cfg.store, cfg.obs_dir, cfg.deny)
     m = cfg.members
-    senc, sproc, p, found = load_stochastic(Path(cfg.checkpoint), tcfg, data, m.M, m.N, cfg.dropout,
+    senc, sproc, p, found = load_stochastic(Path(cfg.stages), tcfg, data, m.M, m.N, cfg.dropout,
                                             keys=("members.M", "members.N"))
     processor = sproc or processor
     if m.R > 1 and not routing_varies(processor):
@@ -126,7 +128,7 @@ def build_models(cfg: EnsembleConfig) -> tuple[UnitModels, Layout, np.ndarray, A
     step = time_step(ds) * data.spec.lead_steps
     used = {**used, **found}
     layout = Layout(plan, data.spec, ds[TIME].values[anchors], step,
-                    attrs={"source": "wxray batch ensemble", "checkpoint": str(cfg.checkpoint),
+                    attrs={"source": "wxray batch ensemble", "stages": str(cfg.stages),
                            "deny": ",".join(cfg.deny), "dropout": p, "seed": cfg.seed,
                            "seeds": "SeedSequence([seed, t, 1, i]) noise, [.., 2, i, j] masks, [.., 3, i, j, k] routes",
                            **{f"checkpoint_{k}": v for k, v in used.items()}},
@@ -156,7 +158,7 @@ def run_members(cfg: EnsembleConfig, ctx: JobContext, models: UnitModels, layout
     from tqdm import tqdm
 
     w = cfg.workers
-    ensure_ray(cfg.ray_address)
+    ensure_ray(cfg.ray_address, timeout_s=cfg.ray_timeout_s)
     members_m = layouts[0].plan.members_m
     check_fits(min(w.actors, len(anchors) * members_m), w.num_cpus, w.num_gpus, w.vendor)  # no output yet
     check_sizes(layouts, len(anchors), Path(cfg.out_dir))

@@ -1,7 +1,7 @@
 """Observing-system experiments (`jobs/ose.py`): what each observation stream contributes to the spread.
 
-    python jobs/ose.py checkpoint=runs/train_e2e/e2e members.M=4 members.N=4 streams=[stations,ships]
-    python jobs/ose.py checkpoint=runs/train_e2e/e2e                  # streams=[] : every stream, one at a time
+    python jobs/ose.py stages=runs/train_e2e/e2e members.M=4 members.N=4 streams=[stations,ships]
+    python jobs/ose.py stages=runs/train_e2e/e2e                      # streams=[] : every stream, one at a time
 
 A baseline ensemble, then one rerun per stream with that stream's encoder embedding zeroed (`deny`), each
 fanned out on Ray actors like `jobs/ensemble.py` and sharing every draw with the baseline (common random
@@ -29,10 +29,10 @@ from typing import Any, Literal
 
 import numpy as np
 
-from wxray.config import NonNegInt, PosInt, Probability
+from wxray.config import NonNegInt, PosInt, Probability, deprecated
 from wxray.errors import ConfigError, DataError
 from wxray.io import atomic_path
-from wxray.job import JobContext, deprecated, say
+from wxray.job import JobContext, say
 from wxray.platform.ensemble.batch import EnsembleConfig, build_models, run_members
 from wxray.platform.ensemble.report import load_split
 from wxray.verify.denial import MIN_INITS, change_table, components, domain_series, plot_ose

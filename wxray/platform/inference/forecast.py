@@ -63,23 +63,18 @@ class ForecastConfig(JobConfig):
     steps: PosInt = 4  # autoregressive steps, each the checkpoint's lead (data.lead_steps native steps)
     # members per init: routing draws of a routed forecaster, samples of an edm one; > 1 writes a `member` dim
     members: PosInt = 1
-    routing_members: PosInt = 1  # the older name of `members`
     sampler: SamplerConfig = field(default_factory=SamplerConfig)  # edm checkpoints: how a sample is drawn
     seed: Seed = 0  # member m of init t draws from SeedSequence([seed, t in seconds, m]) (rollout.py)
     batch_size: PosInt = 1  # (init, member) samples per forward; 1 = any member recomputes alone bit for bit
     device: str = "auto"  # auto (a GPU when there is one), cpu, cuda, cuda:1; must exist on this machine
 
     experiment = "wxray-forecast"
+    renamed = {"routing_members": "members"}  # one release
 
     def validate(self) -> None:
         if not self.checkpoint:
             raise ConfigError("config key 'checkpoint' is required (a training run directory or a checkpoint "
                               "directory)")
-        if self.members > 1 and self.routing_members > 1 and self.members != self.routing_members:
-            raise ConfigError(f"members={self.members} and routing_members={self.routing_members} disagree "
-                              "(routing_members is the older name of members: give one)")
-        self.members = max(self.members, self.routing_members)
-        self.routing_members = self.members
         if self.inits:
             parse_range(self.inits, "inits")
         resolve_device(self.device)  # before the job starts, not at model.to(device)
@@ -139,7 +134,7 @@ def training_configs(ckpt: Path, meta: dict[str, Any]) -> tuple[ModelConfig, Dat
                                   "config.yaml was found above it")
         data = load_yaml(found).get("data", {})
     try:
-        return from_dict(ModelConfig, model), from_dict(DataConfig, data)
+        return from_dict(ModelConfig, model, saved=True), from_dict(DataConfig, data, saved=True)
     except ConfigError as e:
         raise CheckpointError(f"checkpoint {ckpt}: its training config does not load here ({e})") from None
 

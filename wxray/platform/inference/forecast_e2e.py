@@ -32,7 +32,7 @@ from wxray.data.e2e_windows import E2EData, E2EReader
 from wxray.data.schema import INIT, LEAD, TIME, open_climatology, open_store
 from wxray.data.windows import choose_inits, parse_range, rollout_anchors
 from wxray.io import atomic_path
-from wxray.job import JobConfig, JobContext, deprecated, say
+from wxray.job import JobConfig, JobContext, say
 from wxray.models import RowGenerators
 from wxray.platform.inference.chain import load_chain, load_stochastic, station_table
 from wxray.platform.inference.forecast import resolve_device
@@ -56,8 +56,6 @@ class ForecastE2EConfig(JobConfig):
     steps: PosInt = 4  # processor steps after the analysis (lead 0)
     deny: list[str] = field(default_factory=list)  # streams withheld from the encoder (observing-system denial)
     members: Members = field(default_factory=Members)  # the nested M x N ensemble; M = N = 1: deterministic
-    members_m: NonNegInt = 0  # deprecated (one release): members.M
-    members_n: NonNegInt = 0  # deprecated (one release): members.N
     dropout: Annotated[float, Range(-1, 1, hi_open=True)] = -1.0  # inference dropout p; -1 = as finetuned
     seed: Seed = 0  # every draw of init t from its coordinates: SeedSequence([seed, t, source, ...]) (seeds.py)
     batch_size: PosInt = 8  # inits per forward (each with its M x N members)
@@ -65,17 +63,13 @@ class ForecastE2EConfig(JobConfig):
 
     experiment = "wxray-forecast"
     columns = ("rollout/rmse/*",)  # at the last lead (the step)
+    renamed = {"members_m": "members.M", "members_n": "members.N"}  # one release
 
     def run_label(self, job: str) -> str:
         m, n = self.members.M, self.members.N
         return "e2e" + (f"-{m}x{n}" if m * n > 1 else "") + ("-deny-" + "-".join(self.deny) if self.deny else "")
 
     def validate(self) -> None:
-        for old, new in (("members_m", "M"), ("members_n", "N")):
-            if getattr(self, old):
-                deprecated(old, f"members.{new}")
-                setattr(self.members, new, getattr(self, old))
-                setattr(self, old, 0)
         if self.inits:
             parse_range(self.inits, "inits")
         resolve_device(self.device)

@@ -33,7 +33,7 @@ from wxray.provenance import store_fingerprint, stream_fingerprint
 
 def stage_checkpoint(cfg: TrainE2EConfig, stage: str, needed_by: str) -> Path:
     """The newest checkpoint of an earlier stage of this chain (CheckpointError naming what to run)."""
-    d = Path(cfg.stages_dir) / stage
+    d = Path(cfg.stages) / stage
     last = checkpoints.latest(d / "ray")
     if last is None:
         name = cfg.run_name or "e2e"
@@ -51,7 +51,7 @@ def trained_stage(stages: Path, name: str) -> tuple[Path, TrainE2EConfig] | None
     if not (run / "config.yaml").is_file():
         raise CheckpointError(f"stage {run}: config.yaml is missing (it records how the stage was trained)")
     try:
-        return last, from_dict(TrainE2EConfig, load_yaml(run / "config.yaml"))
+        return last, from_dict(TrainE2EConfig, load_yaml(run / "config.yaml"), saved=True)
     except ConfigError as e:
         raise CheckpointError(f"stage {run}: its config.yaml does not load here ({e})") from None
 

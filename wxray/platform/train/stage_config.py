@@ -62,12 +62,13 @@ class TrainE2EConfig(JobConfig):
     train: LoopConfig = field(default_factory=lambda: LoopConfig(epochs=10))
     scaling: ScalingCfg = field(default_factory=ScalingCfg)
     chain_analysis_weight: NonNegFloat = 1.0  # chain: weight of the analysis error beside the lead-1 error
-    stages_dir: RunsDir = ""  # where the earlier stages are; "" = runs/train_e2e/<run_name>
+    stages: RunsDir = ""  # where the earlier stages are; "" = runs/train_e2e/<run_name>
     ray_address: str = ""  # Ray cluster (host:port); "" = RAY_ADDRESS (ray job submit) or a new local one
     ray_timeout_s: PosFloat = 60.0  # give up on an unreachable ray_address after this many seconds
     # JobConfig: run_name names the chain of stages ("" = "e2e"); out_dir "" = runs/train_e2e/<run_name>/<stage>.
 
     experiment = "wxray-e2e"
+    renamed = {"stages_dir": "stages"}  # one release
     columns = ("val/loss", "train/epoch_loss", "val/rmse/*", "test/*/*")
 
     def run_label(self, job: str) -> str:
@@ -76,11 +77,11 @@ class TrainE2EConfig(JobConfig):
     def validate(self) -> None:
         if self.stage not in STAGES:
             raise ConfigError(f"stage must be one of {', '.join(STAGES)}, got {self.stage!r}")
-        if self.train.storage:  # the stages find each other under stages_dir
+        if self.train.storage:  # the stages find each other under stages
             raise ConfigError("config key 'train.storage' is for jobs/train_sparse.py; the end-to-end stages keep "
-                              "their checkpoints under stages_dir (a folder every node sees)")
+                              "their checkpoints under stages (a folder every node sees)")
         name = self.run_name or "e2e"
-        if not self.stages_dir:
-            self.stages_dir = f"runs/train_e2e/{name}"
+        if not self.stages:
+            self.stages = f"runs/train_e2e/{name}"
         if not self.out_dir:
-            self.out_dir = f"{self.stages_dir}/{self.stage}"
+            self.out_dir = f"{self.stages}/{self.stage}"

@@ -12,7 +12,7 @@ Members are a batch dimension: one forward over (batch x M) rows, each sample's 
 rank (a sample is never split across Train workers), so the CRPS compares the members of one sample. Losses
 are in normalised-state units, latitude-weighted. The data, encoder and processor configs are those the
 deterministic stages were trained with (their config.yaml); outputs go beside them:
-`<stages_dir>/stochastic_encoder`, `<stages_dir>/stochastic_processor/lead_<k>`.
+`<stages>/stochastic_encoder`, `<stages>/stochastic_processor/lead_<k>`.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ class StochasticCfg:
 @dataclass
 class FinetuneStochasticConfig(JobConfig):
     stage: Literal["encoder", "processor"] = "encoder"  # which branch to finetune (processor needs encoder first)
-    stages_dir: RunsDir = ""  # the deterministic chain (jobs/train_e2e.py); "" = runs/train_e2e/<run_name or e2e>
+    stages: RunsDir = ""  # the deterministic chain (jobs/train_e2e.py); "" = runs/train_e2e/<run_name or e2e>
     stochastic: StochasticCfg = field(default_factory=StochasticCfg)
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=3e-4, weight_decay=1e-5, warmup_steps=5,
                                                                    min_lr_ratio=0.01))
@@ -67,18 +67,19 @@ class FinetuneStochasticConfig(JobConfig):
 
     experiment = "wxray-e2e"
     columns = ("val/loss", "train/epoch_loss")
+    renamed = {"stages_dir": "stages"}  # one release
 
     def run_label(self, job: str) -> str:
         return f"stochastic-{self.stage}-{self.stochastic.noise}"
 
     def validate(self) -> None:
-        if self.train.storage:  # the stochastic stages find the deterministic ones under stages_dir
+        if self.train.storage:  # the stochastic stages find the deterministic ones under stages
             raise ConfigError("config key 'train.storage' is for jobs/train_sparse.py; the end-to-end stages keep "
-                              "their checkpoints under stages_dir (a folder every node sees)")
-        if not self.stages_dir:
-            self.stages_dir = f"runs/train_e2e/{self.run_name or 'e2e'}"
+                              "their checkpoints under stages (a folder every node sees)")
+        if not self.stages:
+            self.stages = f"runs/train_e2e/{self.run_name or 'e2e'}"
         if not self.out_dir:
-            self.out_dir = f"{self.stages_dir}/stochastic_{self.stage}"
+            self.out_dir = f"{self.stages}/stochastic_{self.stage}"
 
 
 @dataclass
@@ -251,7 +252,7 @@ def stochastic_identity(run: StochasticRun, data: E2EData, stage: str) -> dict[s
 
 
 def finetune_stochastic(cfg: FinetuneStochasticConfig, ctx: JobContext) -> dict[str, Any]:
-    stages = Path(cfg.stages_dir)
+    stages = Path(cfg.stages)
     det_cfg, det = deterministic_config(stages)
     run = StochasticRun(**{k: v for k, v in vars(det_cfg).items()}, stochastic=cfg.stochastic)
     run = replace(run, stage=det, optim=cfg.optim, train=cfg.train, scaling=cfg.scaling, ray_address=cfg.ray_address,
