@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from wxray.config import InPath, NonNegInt, PosInt, Range, RunsDir, Seed
+from wxray.config import InPath, PosInt, Range, RunsDir, Seed
 from wxray.data.e2e_windows import E2EData, E2EReader
 from wxray.data.schema import INIT, LEAD, TIME, open_climatology, open_store
 from wxray.data.windows import choose_inits, parse_range, rollout_anchors
