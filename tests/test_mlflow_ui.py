@@ -117,3 +117,36 @@ def _wait_for(url: str, proc: subprocess.Popen, seconds: float = 90.0) -> None:
             assert proc.poll() is None, f"mlflow ui exited with {proc.returncode}"
             time.sleep(0.5)
     raise AssertionError(f"mlflow ui did not answer at {url}")
+
+
+def test_a_copied_runs_folder_keeps_its_artifacts_with_it(tmp_path, capsys):
+    """A runs/ folder copied elsewhere: its experiments named the old artifact folder; new runs' artifacts go
+    beside the copied store, and the old runs read theirs from the copy."""
+    import shutil as sh
+
+    import mlflow
+
+    first = tmp_path / "a" / "runs"
+    old = Tracker(TrackingConfig(uri=f"sqlite:///{first / 'mlflow.db'}", experiment="wxray-train"), "old-run")
+    (tmp_path / "note.txt").write_text("hello")
+    old.log_artifact(tmp_path / "note.txt")
+    old.end()
+    copy = tmp_path / "b" / "runs"
+    sh.copytree(first, copy)
+    uri = f"sqlite:///{copy / 'mlflow.db'}"
+    capsys.readouterr()
+    new = Tracker(TrackingConfig(uri=uri, experiment="wxray-train"), "new-run")
+    new.log_artifact(tmp_path / "note.txt")
+    new.end()
+    assert "was made in another folder" in capsys.readouterr().out
+    client = mlflow.MlflowClient(uri)
+    here = (copy / "mlartifacts").resolve().as_uri()
+    assert client.get_experiment(new._experiment_id).artifact_location == here
+    for run_id in (old.run_id, new.run_id):
+        run = client.get_run(run_id)
+        assert run.info.artifact_uri.startswith(here + "/"), run.info.artifact_uri
+    assert (copy / "mlartifacts").is_dir() and len(list((copy / "mlartifacts").rglob("note.txt"))) == 2
+    assert len(list((first / "mlartifacts").rglob("note.txt"))) == 1  # the original folder is left alone
+    again = Tracker(TrackingConfig(uri=uri, experiment="wxray-train"), "third")
+    again.end()
+    assert "another folder" not in capsys.readouterr().out  # once

@@ -45,6 +45,21 @@ def resolve_path(path: str | os.PathLike) -> Path:
     return p if p.is_absolute() else home() / p
 
 
+def relocated(path: str | os.PathLike) -> Path | None:
+    """Where a path recorded by a run made in another folder is now: when the recorded absolute path is gone,
+    the longest tail of it that exists under the wxray home (a project folder copied or moved whole: its
+    runs/ recorded /old/project/data/x.zarr, now <home>/data/x.zarr). None when nothing is found."""
+    p = Path(path).expanduser()
+    if not p.is_absolute() or p.exists():
+        return None
+    parts = p.parts[1:]
+    for k in range(len(parts), 0, -1):
+        candidate = home() / Path(*parts[-k:])
+        if candidate.exists():
+            return candidate
+    return None
+
+
 def check_writable(path: str | os.PathLike, key: str, replace: bool = True) -> None:
     """ConfigError naming `key` unless the directory `path` can be created, or written and (`replace`)
     replaced by this user: `atomic_path` renames a sibling into place, so the parent must be writable too."""

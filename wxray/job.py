@@ -57,6 +57,7 @@ from wxray.io import (
     check_writable,
     home,
     lock,
+    relocated,
     resolve_path,
     under_job_submission,
     write_json,
@@ -96,6 +97,20 @@ def verbose() -> bool:
 def say(line: str) -> None:
     """A progress line for the user, on stdout, flushed (RESULT stays the last line)."""
     print(f"wxray: {line}", flush=True)
+
+
+def recorded_path(path: str, what: str) -> str:
+    """A path a checkpoint or run recorded (absolute, from where it was made), as usable here: a URL or a path
+    that exists as it is; else, for a project folder moved or copied whole, the same tail under the wxray home
+    (`io.relocated`, with a line saying so); else the path itself (the caller's check names it)."""
+    if not path or location.is_remote(path):
+        return path
+    recorded = resolve_path(path)
+    moved = relocated(recorded)
+    if moved is None:
+        return str(recorded)
+    say(f"{what} {recorded} is gone; using {moved}, the same path under the wxray home {home()}")
+    return str(moved)
 
 
 class JobContext:
@@ -188,6 +203,16 @@ class JobContext:
         """Write provenance.json and the MLflow tags of `ctx.provenance` (again, after a job added to it)."""
         self.write_text("provenance.json", json.dumps(self.provenance, indent=2, sort_keys=True, default=str) + "\n")
         self._tracker.set_tags(provenance.tags(self.provenance))
+
+    def record_resolved(self, values: dict[str, str]) -> None:
+        """Keys left "" (= as the checkpoint says) as the job resolved them, so that config.yaml and the MLflow
+        params record what was used. After the run has started: config.yaml rewritten, and MLflow tags
+        `wxray.resolved.<key>` (params cannot change once logged)."""
+        for key, value in values.items():
+            setattr(self.cfg, key, value)
+        if self.started:
+            self.write_text("config.yaml", dump_yaml(redact("", to_dict(self.cfg))))
+            self._tracker.set_tags({f"wxray.resolved.{k}": str(redact(k, v)) for k, v in values.items()})
 
     def release(self) -> None:
         """Give up the run directory (its lock)."""

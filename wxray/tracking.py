@@ -17,9 +17,11 @@ import http.client
 import math
 import os
 import re
+import sqlite3
 import ssl
 import urllib.error
 import urllib.request
+from urllib.parse import unquote, urlparse
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -133,6 +135,30 @@ def check_server(cfg: TrackingConfig, timeout_s: float = PROBE_TIMEOUT_S) -> str
             f"store {cfg.uri} instead")
 
 
+ARTIFACTS = "mlartifacts"  # beside a sqlite store: the artifact root wxray gives its experiments
+
+
+def follow_moved_store(db: Path, experiment) -> None:
+    """A runs/ folder copied or moved whole keeps its sqlite store, whose experiments and runs name the artifact
+    folder where they were made (MLflow stores it absolute): new runs would write their artifacts into the old
+    place, old runs would read from it. When an experiment's artifact root is the `mlartifacts` of another
+    folder, point it and its runs at the one beside this store (the folder travelled with the store)."""
+    here = (db.parent / ARTIFACTS).resolve().as_uri()
+    old = str(experiment.artifact_location)
+    if old == here or not old.startswith("file://") or not old.rstrip("/").endswith("/" + ARTIFACTS):
+        return
+    if Path(unquote(urlparse(old).path)).resolve() == Path(unquote(urlparse(here).path)):
+        return
+    with sqlite3.connect(db) as con:
+        con.execute("UPDATE experiments SET artifact_location = ? WHERE experiment_id = ?",
+                    (here, int(experiment.experiment_id)))
+        con.execute("UPDATE runs SET artifact_uri = ? || substr(artifact_uri, ?) WHERE experiment_id = ? "
+                    "AND substr(artifact_uri, 1, ?) = ?",
+                    (here, len(old) + 1, int(experiment.experiment_id), len(old), old))
+    print(f"wxray: MLflow store {db} was made in another folder: experiment '{experiment.name}' now keeps its "
+          f"artifacts beside it ({here}), not in {old}", flush=True)
+
+
 class Tracker:
     """A started MLflow run, or a no-op when tracking is disabled."""
 
@@ -168,10 +194,12 @@ class Tracker:
             location = None
             if self.uri.startswith("sqlite:///"):
                 # Without this MLflow puts artifacts in ./mlruns of whatever directory the job ran from.
-                location = (Path(self.uri[len("sqlite:///"):]).parent / "mlartifacts").resolve().as_uri()
+                location = (Path(self.uri[len("sqlite:///"):]).parent / ARTIFACTS).resolve().as_uri()
             mlflow.create_experiment(cfg.experiment, artifact_location=location,
                                      tags={**EXPERIMENT_KIND, view.VIEW_TAG: view.view_state(None, [])})
         else:  # an experiment made before wxray set these tags
+            if self.uri.startswith("sqlite:///"):
+                follow_moved_store(Path(self.uri[len("sqlite:///"):]), experiment)
             defaults = {**EXPERIMENT_KIND, view.VIEW_TAG: view.view_state(None, [])}
             for key, value in defaults.items():
                 if key not in experiment.tags:

@@ -12,7 +12,7 @@ import torch
 import xarray as xr
 
 from tests.platform.conftest import write_tiny_store
-from wxray.config import dump_yaml, to_dict
+from wxray.config import dump_yaml, load_yaml, to_dict
 from wxray.data.schema import open_stats, open_store
 from wxray.data.window_data import DataConfig, WindowData
 from wxray.data.windows import fit_spec, make_spec
@@ -101,7 +101,7 @@ def test_routing_members_forecast_recomputes_alone_and_evaluates(store, tmp_path
     assert fc.attrs["Conventions"] == "CF-1.8"
     assert fc.latitude.attrs["units"] == "degrees_north" and fc.longitude.attrs["standard_name"] == "longitude"
     assert fc.level.attrs["units"] == "hPa" and fc.lead_time.attrs["standard_name"] == "forecast_period"
-    assert fc.geopotential.attrs["long_name"] == "geopotential" and fc.geopotential.attrs["units"] == "m**2 s**-2"
+    assert fc.geopotential.attrs["long_name"] == "geopotential" and fc.attrs["source"] == "wxray rollout"
     z = fc.geopotential.sel(level=500).values  # (init, lead, member, lat, lon)
     assert not np.array_equal(z[:, :, 0], z[:, :, 1])
     # Member 2 of the 5th init recomputed alone, from its own (seed, init, member) generator: bit for bit.
@@ -388,3 +388,29 @@ def test_a_store_in_a_bucket_forecasts_as_the_same_store_on_disk(store, s3_serve
                       ["forecast=s3://forecast/none.zarr", f"truth={store}", "tracking.enabled=false",
                        f"out_dir={tmp_path / 'ev_bad'}"])
     assert rc == 2 and "forecast s3://forecast/none.zarr does not exist" in err and not (tmp_path / "ev_bad").exists()
+
+
+def test_a_project_moved_whole_forecasts_from_its_store_there_and_records_it(store, tmp_path, capsys, monkeypatch):
+    """The checkpoint recorded the training store's absolute path where it was made; the project folder moved:
+    the store is found at the same place under the wxray home, said in one line, and config.yaml and RESULT
+    record the store used (not '')."""
+    import shutil
+
+    old = tmp_path / "old"
+    shutil.copytree(store, old / "data" / "odd.zarr")
+    ckpt, _, _ = _save_checkpoint(old / "runs" / "ckpt", old / "data" / "odd.zarr")
+    new = tmp_path / "new"
+    shutil.move(old, new)
+    monkeypatch.setenv("WXRAY_HOME", str(new))
+    out = new / "runs" / "fc"
+    rc = run_job("forecast", ForecastConfig, forecast,
+                 [f"checkpoint={new / 'runs' / 'ckpt'}", f"out_dir={out}", "tracking.enabled=false", "steps=1",
+                  f"inits={TRAJECTORY_1}"])
+    cap = capsys.readouterr()
+    assert rc == 0, cap.err
+    res = json.loads(cap.out.strip().splitlines()[-1][len("RESULT "):])
+    used = str(new / "data" / "odd.zarr")
+    assert res["store"] == used
+    assert load_yaml(out / "config.yaml")["store"] == used
+    assert (f"wxray: the checkpoint's training store {old / 'data' / 'odd.zarr'} is gone; using {used}, the same "
+            f"path under the wxray home {new}") in cap.out.splitlines()

@@ -192,6 +192,8 @@ def run_members(cfg: EnsembleConfig, ctx: JobContext, models: UnitModels, layout
 
 def ensemble(cfg: EnsembleConfig, ctx: JobContext) -> dict[str, Any]:
     models, layout, anchors, data, used = build_models(cfg)
+    used_paths = {"store": data.spec.store, "obs_dir": data.obs.obs_dir}
+    ctx.record_resolved({k: v for k, v in used_paths.items() if not getattr(cfg, k)})
     plan = layout.plan
     say(f"nested ensemble: {plan.members_m} encoder draw(s) x {plan.members_n} dropout member(s) "
         f"(p={plan.dropout:g})"

@@ -68,6 +68,8 @@ class OSEConfig(EnsembleConfig):
 
 def ose(cfg: OSEConfig, ctx: JobContext) -> dict[str, Any]:
     models, layout, anchors, data, used = build_models(replace(cfg, deny=[]))
+    used_paths = {"store": data.spec.store, "obs_dir": data.obs.obs_dir}
+    ctx.record_resolved({k: v for k, v in used_paths.items() if not getattr(cfg, k)})
     names = [s.name for s in data.obs.streams]
     unknown = [s for s in cfg.streams if s not in names]
     if unknown:

@@ -16,7 +16,7 @@ import torch
 from wxray.config import load_yaml
 from wxray.data.e2e_windows import E2EData, prepare_e2e
 from wxray.errors import CheckpointError, ConfigError
-from wxray.job import say
+from wxray.job import recorded_path, say
 from wxray.models import StochasticEncoder
 from wxray.models.registry import build_forecaster
 from wxray.platform.train import checkpoints
@@ -36,7 +36,9 @@ def load_chain(stages: str | Path, store: str = "", obs_dir: str = "", deny: Seq
         raise CheckpointError(f"stages {stages}: no chain stage and no encoder + processor stages to forecast with "
                               "(run jobs/train_e2e.py stage=encoder, stage=processor, ...)")
     ckpt, tcfg = chain or enc
-    data_cfg = replace(tcfg.data, store=store or tcfg.data.store, obs_dir=obs_dir or tcfg.data.obs_dir)
+    # the stages' own store and streams as they are here (moved with the project: under the wxray home)
+    data_cfg = replace(tcfg.data, store=store or recorded_path(tcfg.data.store, "the stages' training store"),
+                       obs_dir=obs_dir or recorded_path(tcfg.data.obs_dir, "the stages' observation streams"))
     tcfg = replace(tcfg, data=data_cfg)
     data = prepare_e2e(data_cfg, tcfg.encoder.patch_size)
     trained = checkpoints.apply_normalisation(data.spec, checkpoints.read_meta(ckpt), ckpt)

@@ -25,7 +25,7 @@ the sampler), each lead's sample fed back as the next step's history.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -46,8 +46,7 @@ from wxray.data.windows import (
     valid_anchors,
 )
 from wxray.errors import CheckpointError, ConfigError
-from wxray.io import resolve_path
-from wxray.job import JobConfig, JobContext
+from wxray.job import JobConfig, JobContext, recorded_path
 from wxray.models.registry import ModelConfig, SamplerConfig, channel_signature
 from wxray.platform.train import checkpoints
 from wxray.platform.train.checkpoint_forecast import forecast_and_score, load_forecaster
@@ -170,7 +169,7 @@ def trained_spec(ckpt: Path, meta: dict[str, Any], store: str, ds: xr.Dataset, m
     check_channels(ckpt, meta, spec)
     trained = checkpoints.apply_normalisation(spec, meta, ckpt)
     if trained is None:  # written before meta.json kept the normalisation
-        train_store = resolve_path(data_cfg.store)
+        train_store = Path(recorded_path(data_cfg.store, "the checkpoint's training store"))
         if not train_store.exists():
             raise CheckpointError(f"checkpoint {ckpt}: its {checkpoints.META} predates the saved normalisation and "
                                   f"its training store data.store={train_store} is gone (its stats/ are needed "
@@ -206,8 +205,12 @@ def forecast(cfg: ForecastConfig, ctx: JobContext) -> dict[str, Any]:
     ckpt = find_checkpoint(cfg.checkpoint)
     meta = checkpoints.read_meta(ckpt)
     model_cfg, data_cfg = training_configs(ckpt, meta)
-    # cfg.store is absolute already; a training store at a URL stays one
-    store = cfg.store or (data_cfg.store if location.is_remote(data_cfg.store) else str(resolve_path(data_cfg.store)))
+    # cfg.store is absolute already; the training store as it is here (a URL stays one; a moved project's
+    # store under the wxray home), recorded in config.yaml as the store used
+    store = cfg.store or recorded_path(data_cfg.store, "the checkpoint's training store")
+    data_cfg = replace(data_cfg, store=store) if not cfg.store else data_cfg
+    if not cfg.store:
+        ctx.record_resolved({"store": store})
     ds = open_store(store)
     spec = trained_spec(ckpt, meta, store, ds, model_cfg, data_cfg)
     model = load_forecaster(ckpt, model_cfg, spec, cfg.sampler)

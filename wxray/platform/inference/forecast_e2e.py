@@ -149,6 +149,7 @@ def write_stations(path: Path, stations: pd.DataFrame, values: np.ndarray, init_
 
 def forecast_e2e(cfg: ForecastE2EConfig, ctx: JobContext) -> dict[str, Any]:
     tcfg, data, encoder, processor, decoder, used = load_chain(cfg.stages, cfg.store, cfg.obs_dir, cfg.deny)
+    ctx.record_resolved({k: getattr(tcfg.data, k) for k in ("store", "obs_dir") if not getattr(cfg, k)})
     device = resolve_device(cfg.device)
     ds = open_store(data.spec.store)
     anchors = choose_inits(ds, data.spec, data.windows.anchors["test"], cfg.inits, cfg.steps, data.spec.store)
