@@ -21,11 +21,11 @@ import sqlite3
 import ssl
 import urllib.error
 import urllib.request
-from urllib.parse import unquote, urlparse
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
+from urllib.parse import unquote, urlparse
 
 from wxray import tracking_view as view
 from wxray.errors import ConfigError
