@@ -334,11 +334,15 @@ def path_keys(cfg: Any, prefix: str = "") -> list[tuple[Any, str, str, PathKey]]
     return out
 
 
+MODEL_URIS = ("models:/", "runs:/")  # MLflow model URIs (the registry; a run's artifacts): not paths
+
+
 def resolve_paths(cfg: Any, resolve: typing.Callable[[str], Path]) -> None:
-    """Make every non-empty PathKey value absolute with `resolve` (URLs and keywords stay as they are)."""
+    """Make every non-empty PathKey value absolute with `resolve` (URLs, MLflow model URIs and keywords stay as
+    they are)."""
     for owner, name, _, marker in path_keys(cfg):
         value = getattr(owner, name)
-        if value and "://" not in value and value not in marker.keywords:
+        if value and "://" not in value and not value.startswith(MODEL_URIS) and value not in marker.keywords:
             setattr(owner, name, str(resolve(value)))  # a glob stays a pattern, anchored at the home
 
 

@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 from wxray import provenance
-from wxray.config import OutDir, dump_yaml, flatten, load_config, path_keys, resolve_paths, to_dict
+from wxray.config import MODEL_URIS, OutDir, dump_yaml, flatten, load_config, path_keys, resolve_paths, to_dict
 from wxray.config_help import describe
 from wxray.data import integrity, location
 from wxray.errors import ConfigError, WxrayError
@@ -283,7 +283,8 @@ def prepare(job: str, cfg_cls: type[C], argv: list[str]) -> C:
     outputs, inputs = {}, {}
     for owner, name, key, marker in path_keys(cfg):
         value = getattr(owner, name)
-        if not value or location.is_remote(value) or value in marker.keywords or any(c in value for c in "*?["):
+        if (not value or location.is_remote(value) or value.startswith(MODEL_URIS) or value in marker.keywords
+                or any(c in value for c in "*?[")):
             continue
         if marker.output:
             check_writable(value, key)

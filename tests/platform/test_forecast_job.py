@@ -5,17 +5,19 @@ from __future__ import annotations
 import json
 import shutil
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 import xarray as xr
+import yaml
 
 from tests.platform.conftest import write_tiny_store
 from wxray.config import dump_yaml, load_yaml, to_dict
 from wxray.data.schema import open_stats, open_store
 from wxray.data.window_data import DataConfig, WindowData
-from wxray.data.windows import fit_spec, make_spec
+from wxray.data.windows import WindowReader, fit_spec, make_spec
 from wxray.job import JobContext, run_job
 from wxray.models import EDMForecaster
 from wxray.models.registry import ModelConfig, build_forecaster, model_identity
@@ -414,3 +416,42 @@ def test_a_project_moved_whole_forecasts_from_its_store_there_and_records_it(sto
     assert load_yaml(out / "config.yaml")["store"] == used
     assert (f"wxray: the checkpoint's training store {old / 'data' / 'odd.zarr'} is gone; using {used}, the same "
             f"path under the wxray home {new}") in cap.out.splitlines()
+
+
+def test_a_registered_model_forecasts_as_its_checkpoint_does(store, tmp_path, capsys):
+    """The final checkpoint logged as an MLflow model and registered (what train_sparse does at its end), then
+    `checkpoint=models:/<name>/<version>` from the registry: the same forecast as from the folder."""
+    import mlflow
+
+    from wxray.platform.train import mlflow_model
+    from wxray.tracking import Tracker, TrackingConfig
+
+    ckpt, _, spec = _save_checkpoint(tmp_path / "ckpt", store, deterministic_eval=True)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracker = Tracker(TrackingConfig(uri=uri, experiment="wxray-train"), "trained")
+    example = WindowReader(spec)({"anchor": np.array([2])})
+    block = mlflow_model.log_model(tracker, ckpt, "wxray-test", "reslim", "model: {}\n", example)
+    tracker.end()
+    assert block["uri"] == "models:/wxray-test/1" and block["version"] == 1
+    client = mlflow.MlflowClient(uri)
+    version = client.get_model_version("wxray-test", "1")
+    assert version.run_id == tracker.run_id
+    folder = Path(mlflow.artifacts.download_artifacts(block["uri"], dst_path=str(tmp_path / "dl"), tracking_uri=uri))
+    assert {p.name for p in folder.iterdir()} >= {"MLmodel", "checkpoint", "config.yaml"}
+    mlmodel = yaml.safe_load((folder / "MLmodel").read_text())
+    assert mlmodel["flavors"]["wxray"]["checkpoint"] == "checkpoint"
+    assert json.loads(mlmodel["signature"]["inputs"])[0]["tensor-spec"]["shape"] == [-1, *example["x"].shape[1:]]
+    runs = {}
+    for name, where in (("folder", str(ckpt)), ("registry", block["uri"])):
+        rc, res, err = _run(capsys, "forecast", ForecastConfig, forecast,
+                            [f"checkpoint={where}", f"out_dir={tmp_path / name}", f"tracking.uri={uri}",
+                             "steps=1", f"inits={TRAJECTORY_1}"])
+        assert rc == 0, err
+        runs[name] = res
+    assert runs["registry"]["checkpoint"] == "models:/wxray-test/1"
+    xr.testing.assert_identical(xr.open_zarr(runs["folder"]["forecast"]).drop_attrs(),
+                                xr.open_zarr(runs["registry"]["forecast"]).drop_attrs())
+    rc, res, err = _run(capsys, "forecast", ForecastConfig, forecast,
+                        ["checkpoint=models:/wxray-test/7", f"out_dir={tmp_path / 'none'}", f"tracking.uri={uri}"])
+    assert rc == 2 and err.strip().startswith("error: checkpoint models:/wxray-test/7: not in the model registry")
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "none").exists()

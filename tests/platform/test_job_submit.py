@@ -111,6 +111,19 @@ def test_train_job_runs_under_ray_job_submit_and_logs_to_an_mlflow_server(tmp_pa
                                                         str(tmp_path / "got"))).read_text())
         assert got["mlflow_run_id"] == result["mlflow_run_id"]
         assert not (home / "runs" / "mlflow.db").exists()  # over HTTP, never a local sqlite file
+        # The final checkpoint is a version in the server's model registry, and forecasts from there.
+        registered = result["mlflow_model"]
+        assert registered["uri"] == "models:/wxray-reslim/1"
+        assert client.get_model_version("wxray-reslim", "1").run_id == result["mlflow_run_id"]
+        from wxray.job import run_job
+        from wxray.platform.inference.forecast import ForecastConfig, forecast
+
+        rc = run_job("forecast", ForecastConfig, forecast,
+                     [f"checkpoint={registered['uri']}", f"tracking.uri={tracking}", "steps=1",
+                      f"out_dir={tmp_path / 'fc'}"])
+        assert rc == 0
+        summary = json.loads((tmp_path / "fc" / "summary.json").read_text())
+        assert summary["checkpoint"] == "models:/wxray-reslim/1" and summary["rollout"]["scored_inits"] > 0
     finally:
         _stop(server)
         # The job is over and its run checked: the head's processes go at once (a SIGTERM'd head drains for

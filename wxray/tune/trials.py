@@ -90,6 +90,7 @@ def trial_fn(config: dict[str, Any]) -> None:
 
     def work(cfg, ctx):
         cfg.train.checkpoint_every = 1  # a trial told to stop ends on the checkpoint of that epoch
+        cfg.register_model = False  # every trial's model is logged to its run; the registry is not a sweep's log
         return train_sparse(cfg, ctx, callbacks=[TuneReportCallback(), _last_report(last)],
                             decisions=str(decisions) if config["cooperative"] else "")
 

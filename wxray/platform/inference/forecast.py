@@ -48,10 +48,11 @@ from wxray.data.windows import (
 from wxray.errors import CheckpointError, ConfigError
 from wxray.job import JobConfig, JobContext, recorded_path
 from wxray.models.registry import ModelConfig, SamplerConfig, channel_signature
-from wxray.platform.train import checkpoints
+from wxray.platform.train import checkpoints, mlflow_model
 from wxray.platform.train.checkpoint_forecast import forecast_and_score, load_forecaster
 from wxray.platform.train.rollout import check_rollout, routing_varies
 from wxray.provenance import store_fingerprint
+from wxray.tracking import resolve_uri
 
 
 @dataclass
@@ -79,8 +80,11 @@ class ForecastConfig(JobConfig):
         resolve_device(self.device)  # before the job starts, not at model.to(device)
 
 
-def find_checkpoint(path: str) -> Path:
-    """The checkpoint directory `checkpoint=` names (for a URL, its local copy: `checkpoints.fetch`)."""
+def find_checkpoint(path: str, tracking_uri: str = "") -> Path:
+    """The checkpoint directory `checkpoint=` names (for a URL, its local copy: `checkpoints.fetch`; for an
+    MLflow model URI, models:/<name>/<version>, the model's checkpoint from the registry of `tracking_uri`)."""
+    if mlflow_model.is_model_uri(path):
+        return mlflow_model.fetch_model(path, tracking_uri or resolve_uri())
     if location.is_remote(path):
         return checkpoints.fetch(_find_remote(str(path).rstrip("/")))
     p = Path(path).expanduser()
@@ -202,7 +206,7 @@ def resolve_device(name: str) -> torch.device:
 
 
 def forecast(cfg: ForecastConfig, ctx: JobContext) -> dict[str, Any]:
-    ckpt = find_checkpoint(cfg.checkpoint)
+    ckpt = find_checkpoint(cfg.checkpoint, cfg.tracking.uri)
     meta = checkpoints.read_meta(ckpt)
     model_cfg, data_cfg = training_configs(ckpt, meta)
     # cfg.store is absolute already; the training store as it is here (a URL stays one; a moved project's
@@ -226,7 +230,7 @@ def forecast(cfg: ForecastConfig, ctx: JobContext) -> dict[str, Any]:
     anchors = choose_inits(ds, spec, test, cfg.inits, cfg.steps, store)
     device = resolve_device(cfg.device)
     ctx.provenance["store"] = store_fingerprint(store, ds)
-    where = checkpoints.origin(ckpt)  # a URL for a fetched checkpoint
+    where = mlflow_model.origin(ckpt) or checkpoints.origin(ckpt)  # a URL or model URI for a fetched one
     ctx.provenance["checkpoint"] = {"path": where, **checkpoints.meta_provenance(meta)}
     tracker = ctx.tracker  # every input is checked: the run starts here
 

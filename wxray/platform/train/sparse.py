@@ -15,7 +15,7 @@ from wxray.data.windows import WindowReader, fit_spec
 from wxray.errors import ConfigError, DataError
 from wxray.job import JobContext, say
 from wxray.models.registry import build_forecaster, model_identity
-from wxray.platform.train import checkpoints, storage, trainer
+from wxray.platform.train import checkpoints, mlflow_model, storage, trainer
 from wxray.platform.train.config import TrainSparseConfig
 from wxray.platform.train.datasets import build_datasets
 from wxray.platform.train.evaluation import evaluate_checkpoint
@@ -81,6 +81,7 @@ def train_sparse(cfg: TrainSparseConfig, ctx: JobContext, callbacks: list | None
     metrics = result.metrics or {}
     with result.checkpoint.as_directory() as d:
         evaluation = evaluate_checkpoint(cfg, data, Path(d), Path(ctx.out_dir), ctx)
+        registered = register(cfg, ctx, Path(d), example)
     return {
         "val_rmse": trainer.figures(metrics, "val/rmse/"),
         "val_loss": metrics.get("val/loss"),
@@ -92,4 +93,17 @@ def train_sparse(cfg: TrainSparseConfig, ctx: JobContext, callbacks: list | None
         "n_parameters": n_params,
         "windows": counts,
         **evaluation,
+        **registered,
     }
+
+
+def register(cfg: TrainSparseConfig, ctx: JobContext, checkpoint: Path, example: dict) -> dict[str, Any]:
+    """The final checkpoint as the run's MLflow model, registered unless register_model=false."""
+    if not ctx.tracker.enabled:
+        return {}
+    name = (cfg.registered_model or f"wxray-{cfg.model.name}") if cfg.register_model else ""
+    config = (Path(ctx.out_dir) / "config.yaml").read_text()
+    block = mlflow_model.log_model(ctx.tracker, checkpoint, name, cfg.model.name, config, example)
+    if "uri" in block:
+        say(f"registered the final checkpoint as MLflow model {block['uri']} (forecast with checkpoint={block['uri']})")
+    return {"mlflow_model": block}

@@ -1,0 +1,124 @@
+"""A training run's final checkpoint as an MLflow model in the model registry, and back.
+
+`log_model` logs the checkpoint that ends a training run as an MLflow model of flavor `wxray` (this module is
+the flavor: MLflow calls its `save_model`) and registers it as the next version of `registered_model`:
+
+    model/
+      MLmodel          flavor wxray (checkpoint folder, model name, wxray version) and the signature:
+                       inputs `x` (batch, history x channels + constants, lat, lon) float32, normalised,
+                       outputs `next_state` (batch, targets, lat, lon): one step of the forecaster
+      checkpoint/      state.pt (weights) and meta.json (model identity, data config, normalisation)
+      config.yaml      the training run's resolved config
+
+`fetch_model("models:/<name>/<version>")` (or `models:/<name>@<alias>`, or `runs:/<run id>/model`) downloads
+it from the registry of the tracking store and returns the checkpoint folder, which every job that takes a
+checkpoint reads as it reads one on disk (`jobs/forecast.py checkpoint=models:/wxray-reslim/3`).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import io
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from wxray.config import MODEL_URIS
+from wxray.errors import CheckpointError
+from wxray.tracking import redact_uri
+
+FLAVOR = "wxray"
+NAME = "model"  # the artifact folder of the logged model
+CHECKPOINT = "checkpoint"
+_downloaded: dict[str, Path] = {}
+
+
+def is_model_uri(path: str) -> bool:
+    return str(path).startswith(MODEL_URIS)
+
+
+def signature(example: dict[str, np.ndarray]):
+    """The model's signature from one training window (`x` in, `y` out)."""
+    from mlflow.models import ModelSignature
+    from mlflow.types import Schema, TensorSpec
+
+    x, y = np.asarray(example["x"]), np.asarray(example["y"])
+    return ModelSignature(inputs=Schema([TensorSpec(np.dtype(np.float32), (-1, *x.shape[1:]), "x")]),
+                          outputs=Schema([TensorSpec(np.dtype(np.float32), (-1, *y.shape[1:]), "next_state")]))
+
+
+def save_model(path: str | Path, mlflow_model, checkpoint: str | Path, config: str = "", model_name: str = "",
+               signature=None) -> None:
+    """The flavor's writer (MLflow's `Model.log` calls it): the folder of the module docstring at `path`."""
+    from wxray import __version__
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(checkpoint, path / CHECKPOINT)
+    if config:
+        (path / "config.yaml").write_text(config)
+    if signature is not None:
+        mlflow_model.signature = signature
+    mlflow_model.add_flavor(FLAVOR, checkpoint=CHECKPOINT, model=model_name, wxray_version=__version__)
+    mlflow_model.save(str(path / "MLmodel"))
+
+
+def log_model(tracker, checkpoint: str | Path, registered_model: str, model_name: str, config: str,
+              example: dict[str, np.ndarray]) -> dict[str, Any]:
+    """Log `checkpoint` as the run's MLflow model and register it (`registered_model` "" = log only). Returns
+    RESULT's `mlflow_model` block: the model's URI and, when registered, name, version and `models:/` URI."""
+    from mlflow.models import Model
+
+    # MLflow prints "Successfully registered model ..." on stderr: the job says it in its own line instead
+    with contextlib.redirect_stderr(io.StringIO()):
+        info = Model.log(None, name=NAME, flavor=_flavor(), run_id=tracker.run_id,
+                         registered_model_name=registered_model or None, await_registration_for=0,
+                         checkpoint=str(checkpoint), config=config, model_name=model_name,
+                         signature=signature(example))
+    out: dict[str, Any] = {"model_uri": info.model_uri}
+    if registered_model:
+        version = info.registered_model_version
+        out.update(name=registered_model, version=int(version), uri=f"models:/{registered_model}/{version}")
+    return out
+
+
+def _flavor():
+    return sys.modules[__name__]  # this module is the flavor MLflow saves with
+
+
+def fetch_model(uri: str, tracking_uri: str) -> Path:
+    """The checkpoint folder of model `uri` from the registry of `tracking_uri`, downloaded once per process
+    into a temporary folder removed at exit; a one-line CheckpointError when it is not there."""
+    if uri in _downloaded:
+        return _downloaded[uri]
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    local = Path(tempfile.mkdtemp(prefix="wxray-model-"))
+    atexit.register(shutil.rmtree, local, True)
+    before = mlflow.get_registry_uri()
+    mlflow.set_registry_uri(tracking_uri)  # models:/ resolves in the registry, which download_artifacts won't take
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):  # its progress bar
+            folder = Path(mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(local),
+                                                              tracking_uri=tracking_uri))
+    except MlflowException as e:
+        raise CheckpointError(f"checkpoint {uri}: not in the model registry of {redact_uri(tracking_uri)} "
+                              f"({str(e.message).splitlines()[0]})") from None
+    finally:
+        mlflow.set_registry_uri(before)
+    found = folder / CHECKPOINT
+    if not (found / "state.pt").is_file():
+        raise CheckpointError(f"checkpoint {uri}: not a wxray model (no {CHECKPOINT}/state.pt in it)")
+    _downloaded[uri] = found
+    return found
+
+
+def origin(path: str | Path) -> str | None:
+    """The model URI a downloaded checkpoint folder came from, or None."""
+    return next((uri for uri, local in _downloaded.items() if local == Path(path)), None)
