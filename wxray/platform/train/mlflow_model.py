@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from wxray import __version__
 from wxray.config import MODEL_URIS
 from wxray.errors import CheckpointError
 from wxray.tracking import redact_uri
@@ -55,8 +56,6 @@ def signature(example: dict[str, np.ndarray]):
 def save_model(path: str | Path, mlflow_model, checkpoint: str | Path, config: str = "", model_name: str = "",
                signature=None) -> None:
     """The flavor's writer (MLflow's `Model.log` calls it): the folder of the module docstring at `path`."""
-    from wxray import __version__
-
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     shutil.copytree(checkpoint, path / CHECKPOINT)
