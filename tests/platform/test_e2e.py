@@ -189,6 +189,13 @@ def test_stochastic_uplift_and_nested_members_recomputed_alone(chain, tmp_path):
     assert not np.allclose(both.isel(lead_time=1, dropout_draw=0), both.isel(lead_time=1, dropout_draw=1))
     alone = ensemble("inits=2000-01-02T06/2000-01-02T06", "alone")
     np.testing.assert_array_equal(alone.isel(init_time=0).values, both.isel(init_time=1).values)
+    # both branches uplifted: the stages are a registered MLflow model, and ensembles from it are the same
+    assert "mlflow_model" not in enc and proc["mlflow_model"]["name"] == "wxray-e2e"
+    _run("forecast_e2e", ForecastE2EConfig, forecast_e2e,
+         [f"stages={proc['mlflow_model']['uri']}", "steps=2", "inits=2000-01-02T06/2000-01-02T06", "members.M=2",
+          "members.N=3", f"out_dir={tmp_path / 'registered'}", "batch_size=1", f"tracking.uri={uri}"])
+    registered = xr.open_zarr(tmp_path / "registered" / "forecast.zarr").geopotential.load()
+    np.testing.assert_array_equal(registered.values, alone.values)
 
 
 @pytest.mark.slow

@@ -430,7 +430,7 @@ def test_a_registered_model_forecasts_as_its_checkpoint_does(store, tmp_path, ca
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     tracker = Tracker(TrackingConfig(uri=uri, experiment="wxray-train"), "trained")
     example = WindowReader(spec)({"anchor": np.array([2])})
-    block = mlflow_model.log_model(tracker, ckpt, "wxray-test", "reslim", "model: {}\n", example)
+    block = mlflow_model.log_model(tracker, "wxray-test", "reslim", "model: {}\n", checkpoint=ckpt, example=example)
     tracker.end()
     assert block["uri"] == "models:/wxray-test/1" and block["version"] == 1
     client = mlflow.MlflowClient(uri)

@@ -40,9 +40,11 @@ from wxray.platform.ensemble.report import analyse, summary_line
 from wxray.platform.ensemble.store import EnsembleStore, Layout
 from wxray.platform.inference.chain import load_chain, load_stochastic, station_table
 from wxray.platform.inference.nested import Members, Plan, UnitModels
+from wxray.platform.train.mlflow_model import local_stages
 from wxray.platform.train.rollout import routing_varies
 from wxray.platform.train.stages import StationSet
 from wxray.sizes import check_disk, check_memory
+from wxray.tracking import resolve_uri
 from wxray.verify.lead_scores import truth_like
 
 
@@ -110,9 +112,10 @@ class EnsembleConfig(JobConfig):
 
 def build_models(cfg: EnsembleConfig) -> tuple[UnitModels, Layout, np.ndarray, Any, dict[str, str]]:
     """The replica every actor holds, the output layout, the init indices, the data and the checkpoints."""
-    tcfg, data, _, processor, decoder, used = load_chain(cfg.stages, cfg.store, cfg.obs_dir, cfg.deny)
+    stages = local_stages(cfg.stages, cfg.tracking.uri or resolve_uri())  # a folder, or a registered stages model
+    tcfg, data, _, processor, decoder, used = load_chain(stages, cfg.store, cfg.obs_dir, cfg.deny)
     m = cfg.members
-    senc, sproc, p, found = load_stochastic(Path(cfg.stages), tcfg, data, m.M, m.N, cfg.dropout,
+    senc, sproc, p, found = load_stochastic(stages, tcfg, data, m.M, m.N, cfg.dropout,
                                             keys=("members.M", "members.N"))
     processor = sproc or processor
     if m.R > 1 and not routing_varies(processor):

@@ -37,10 +37,12 @@ from wxray.models import RowGenerators
 from wxray.platform.inference.chain import load_chain, load_stochastic, station_table
 from wxray.platform.inference.forecast import resolve_device
 from wxray.platform.inference.nested import Members, Plan, UnitModels, nested_members, run_units
+from wxray.platform.train.mlflow_model import local_stages
 from wxray.platform.train.rollout import to_forecast_dataset, write_forecast
 from wxray.platform.train.seeds import ROUTING, coordinate_seed
 from wxray.platform.train.stage_eval import physical
 from wxray.platform.train.stages import StationSet, next_state, obs_of, processor_input
+from wxray.tracking import resolve_uri
 from wxray.verify.lead_scores import log_report, rollout_report
 from wxray.verify.stations import station_report
 
@@ -148,7 +150,8 @@ def write_stations(path: Path, stations: pd.DataFrame, values: np.ndarray, init_
 
 
 def forecast_e2e(cfg: ForecastE2EConfig, ctx: JobContext) -> dict[str, Any]:
-    tcfg, data, encoder, processor, decoder, used = load_chain(cfg.stages, cfg.store, cfg.obs_dir, cfg.deny)
+    stages = local_stages(cfg.stages, cfg.tracking.uri or resolve_uri())  # a folder, or a registered stages model
+    tcfg, data, encoder, processor, decoder, used = load_chain(stages, cfg.store, cfg.obs_dir, cfg.deny)
     ctx.record_resolved({k: getattr(tcfg.data, k) for k in ("store", "obs_dir") if not getattr(cfg, k)})
     device = resolve_device(cfg.device)
     ds = open_store(data.spec.store)
@@ -156,7 +159,7 @@ def forecast_e2e(cfg: ForecastE2EConfig, ctx: JobContext) -> dict[str, Any]:
     init_times = ds[TIME].values[anchors]
     m, n = cfg.members.M, cfg.members.N
     if m * n > 1:  # before the job starts: stages without the stochastic finetunes are bad input
-        senc, sproc, p, found = load_stochastic(Path(cfg.stages), tcfg, data, m, n, cfg.dropout)
+        senc, sproc, p, found = load_stochastic(stages, tcfg, data, m, n, cfg.dropout)
         used = {**used, **found}
     tracker = ctx.tracker
     if decoder is None:

@@ -1,4 +1,5 @@
-"""A training run's final checkpoint as an MLflow model in the model registry, and back.
+"""A training run's final checkpoint (or an uplifted end-to-end stages folder) as an MLflow model in the model
+registry, and back.
 
 `log_model` logs the checkpoint that ends a training run as an MLflow model of flavor `wxray` (this module is
 the flavor: MLflow calls its `save_model`) and registers it as the next version of `registered_model`:
@@ -10,9 +11,14 @@ the flavor: MLflow calls its `save_model`) and registers it as the next version 
       checkpoint/      state.pt (weights) and meta.json (model identity, data config, normalisation)
       config.yaml      the training run's resolved config
 
+An uplifted end-to-end system (`jobs/finetune_stochastic.py`, once both the stochastic encoder and processor
+exist) is logged likewise with `stages/` in place of `checkpoint/`: each stage's config.yaml and newest
+checkpoint (the last lead of the processor), what the ensemble jobs read, registered as `wxray-e2e`.
+
 `fetch_model("models:/<name>/<version>")` (or `models:/<name>@<alias>`, or `runs:/<run id>/model`) downloads
 it from the registry of the tracking store and returns the checkpoint folder, which every job that takes a
-checkpoint reads as it reads one on disk (`jobs/forecast.py checkpoint=models:/wxray-reslim/3`).
+checkpoint reads as it reads one on disk (`jobs/forecast.py checkpoint=models:/wxray-reslim/3`); for a stages
+model its stages folder (`jobs/ensemble.py stages=models:/wxray-e2e/2`).
 """
 
 from __future__ import annotations
@@ -31,12 +37,14 @@ import numpy as np
 from wxray import __version__
 from wxray.config import MODEL_URIS
 from wxray.errors import CheckpointError
+from wxray.platform.train import checkpoints
 from wxray.tracking import redact_uri
 
 FLAVOR = "wxray"
 NAME = "model"  # the artifact folder of the logged model
-CHECKPOINT = "checkpoint"
-_downloaded: dict[str, Path] = {}
+CHECKPOINT, STAGES = "checkpoint", "stages"
+STAGE_NAMES = ("chain", "encoder", "processor", "decoder", "stochastic_encoder", "stochastic_processor")
+_downloaded: dict[tuple[str, str], Path] = {}
 
 
 def is_model_uri(path: str) -> bool:
@@ -53,32 +61,55 @@ def signature(example: dict[str, np.ndarray]):
                           outputs=Schema([TensorSpec(np.dtype(np.float32), (-1, *y.shape[1:]), "next_state")]))
 
 
-def save_model(path: str | Path, mlflow_model, checkpoint: str | Path, config: str = "", model_name: str = "",
-               signature=None) -> None:
+def save_model(path: str | Path, mlflow_model, checkpoint: str | Path | None = None, stages: str | Path | None = None,
+               config: str = "", model_name: str = "", signature=None) -> None:
     """The flavor's writer (MLflow's `Model.log` calls it): the folder of the module docstring at `path`."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    shutil.copytree(checkpoint, path / CHECKPOINT)
+    if checkpoint is not None:
+        shutil.copytree(checkpoint, path / CHECKPOINT)
+    if stages is not None:
+        snapshot_stages(Path(stages), path / STAGES)
     if config:
         (path / "config.yaml").write_text(config)
     if signature is not None:
         mlflow_model.signature = signature
-    mlflow_model.add_flavor(FLAVOR, checkpoint=CHECKPOINT, model=model_name, wxray_version=__version__)
+    part = {"checkpoint": CHECKPOINT} if checkpoint is not None else {"stages": STAGES}
+    mlflow_model.add_flavor(FLAVOR, **part, model=model_name, wxray_version=__version__)
     mlflow_model.save(str(path / "MLmodel"))
 
 
-def log_model(tracker, checkpoint: str | Path, registered_model: str, model_name: str, config: str,
-              example: dict[str, np.ndarray]) -> dict[str, Any]:
-    """Log `checkpoint` as the run's MLflow model and register it (`registered_model` "" = log only). Returns
-    RESULT's `mlflow_model` block: the model's URI and, when registered, name, version and `models:/` URI."""
+def snapshot_stages(stages: Path, dest: Path) -> None:
+    """What the ensemble jobs read of a stages folder: each stage's config.yaml and newest checkpoint (of the
+    stochastic processor, its last lead), at the same relative paths."""
+    for name in STAGE_NAMES:
+        run = stages / name
+        if not (run / "config.yaml").is_file():
+            continue
+        leads = sorted(run.glob("lead_*"), key=lambda p: int(p.name.split("_")[1]))
+        ray_dir = (leads[-1] if leads else run) / "ray"
+        last = checkpoints.latest(ray_dir)
+        if last is None:
+            continue
+        (dest / name).mkdir(parents=True, exist_ok=True)
+        shutil.copy2(run / "config.yaml", dest / name / "config.yaml")
+        shutil.copytree(last, dest / Path(last).relative_to(stages))
+
+
+def log_model(tracker, registered_model: str, model_name: str, config: str, checkpoint: str | Path | None = None,
+              stages: str | Path | None = None, example: dict[str, np.ndarray] | None = None) -> dict[str, Any]:
+    """Log `checkpoint` (or `stages`) as the run's MLflow model and register it (`registered_model` "" = log
+    only). Returns RESULT's `mlflow_model` block: the model's URI and, when registered, name, version and the
+    `models:/` URI."""
     from mlflow.models import Model
 
     # MLflow prints "Successfully registered model ..." on stderr: the job says it in its own line instead
     with contextlib.redirect_stderr(io.StringIO()):
         info = Model.log(None, name=NAME, flavor=_flavor(), run_id=tracker.run_id,
                          registered_model_name=registered_model or None, await_registration_for=0,
-                         checkpoint=str(checkpoint), config=config, model_name=model_name,
-                         signature=signature(example))
+                         checkpoint=None if checkpoint is None else str(checkpoint),
+                         stages=None if stages is None else str(stages), config=config, model_name=model_name,
+                         signature=None if example is None else signature(example))
     out: dict[str, Any] = {"model_uri": info.model_uri}
     if registered_model:
         version = info.registered_model_version
@@ -90,11 +121,11 @@ def _flavor():
     return sys.modules[__name__]  # this module is the flavor MLflow saves with
 
 
-def fetch_model(uri: str, tracking_uri: str) -> Path:
-    """The checkpoint folder of model `uri` from the registry of `tracking_uri`, downloaded once per process
-    into a temporary folder removed at exit; a one-line CheckpointError when it is not there."""
-    if uri in _downloaded:
-        return _downloaded[uri]
+def fetch_model(uri: str, tracking_uri: str, part: str = CHECKPOINT) -> Path:
+    """The checkpoint (or stages) folder of model `uri` from the registry of `tracking_uri`, downloaded once per
+    process into a temporary folder removed at exit; a one-line CheckpointError when it is not there."""
+    if (uri, part) in _downloaded:
+        return _downloaded[(uri, part)]
     import mlflow
     from mlflow.exceptions import MlflowException
 
@@ -111,13 +142,19 @@ def fetch_model(uri: str, tracking_uri: str) -> Path:
                               f"({str(e.message).splitlines()[0]})") from None
     finally:
         mlflow.set_registry_uri(before)
-    found = folder / CHECKPOINT
-    if not (found / "state.pt").is_file():
-        raise CheckpointError(f"checkpoint {uri}: not a wxray model (no {CHECKPOINT}/state.pt in it)")
-    _downloaded[uri] = found
+    found = folder / part
+    if not found.is_dir():
+        kind = "a training run's checkpoint" if part == CHECKPOINT else "an end-to-end stages folder"
+        raise CheckpointError(f"checkpoint {uri}: not a wxray model of {kind} (no {part}/ in it)")
+    _downloaded[(uri, part)] = found
     return found
+
+
+def local_stages(stages: str, tracking_uri: str) -> Path:
+    """The stages folder `stages=` names: itself, or a stages model's from the registry."""
+    return fetch_model(stages, tracking_uri, STAGES) if is_model_uri(stages) else Path(stages)
 
 
 def origin(path: str | Path) -> str | None:
     """The model URI a downloaded checkpoint folder came from, or None."""
-    return next((uri for uri, local in _downloaded.items() if local == Path(path)), None)
+    return next((uri for (uri, _), local in _downloaded.items() if local == Path(path)), None)

@@ -103,7 +103,7 @@ def register(cfg: TrainSparseConfig, ctx: JobContext, checkpoint: Path, example:
         return {}
     name = (cfg.registered_model or f"wxray-{cfg.model.name}") if cfg.register_model else ""
     config = (Path(ctx.out_dir) / "config.yaml").read_text()
-    block = mlflow_model.log_model(ctx.tracker, checkpoint, name, cfg.model.name, config, example)
+    block = mlflow_model.log_model(ctx.tracker, name, cfg.model.name, config, checkpoint=checkpoint, example=example)
     if "uri" in block:
         say(f"registered the final checkpoint as MLflow model {block['uri']} (forecast with checkpoint={block['uri']})")
     return {"mlflow_model": block}

@@ -33,7 +33,7 @@ from wxray.models import StochasticEncoder, fair_crps_loss, set_dropout, split_m
 from wxray.models.blocks import uniform
 from wxray.models.registry import build_forecaster
 from wxray.platform.cluster.scaling import ScalingCfg
-from wxray.platform.train import checkpoints
+from wxray.platform.train import checkpoints, mlflow_model
 from wxray.platform.train.batches import lockstep_batches
 from wxray.platform.train.config import LoopConfig, OptimConfig
 from wxray.platform.train.e2e import fit_stage, trained_stage
@@ -64,6 +64,10 @@ class FinetuneStochasticConfig(JobConfig):
     scaling: ScalingCfg = field(default_factory=ScalingCfg)
     ray_address: str = ""  # Ray cluster (host:port); "" = RAY_ADDRESS (ray job submit) or a new local one
     ray_timeout_s: Annotated[float, Range(0, lo_open=True)] = 60.0  # give up on an unreachable ray_address after
+    # once both branches are uplifted, the stages folder is logged as the run's MLflow model and registered as
+    # the next version of this registered model; false: logged, not registered (mlflow_model.py)
+    registered_model: str = "wxray-e2e"
+    register_model: bool = True
 
     experiment = "wxray-e2e"
     columns = ("val/loss", "train/epoch_loss")
@@ -265,7 +269,7 @@ def finetune_stochastic(cfg: FinetuneStochasticConfig, ctx: JobContext) -> dict[
         except ValueError as e:
             raise ConfigError(f"stochastic.noise={cfg.stochastic.noise}: {e}") from None
         result, metrics = fit_stage(run, data, ctx, stochastic_identity(run, data, "encoder"), task)
-        return _summary(result, metrics, det, data)
+        return {**_summary(result, metrics, det, data), **register(cfg, ctx, stages)}
     if checkpoints.latest(stages / "stochastic_encoder" / "ray") is None:
         raise CheckpointError(f"stage processor is trained on the stochastic encoder's analyses: none under "
                               f"{stages / 'stochastic_encoder'} (run jobs/finetune_stochastic.py stage=encoder)")
@@ -292,7 +296,22 @@ def finetune_stochastic(cfg: FinetuneStochasticConfig, ctx: JobContext) -> dict[
                                     task, out_dir=Path(cfg.out_dir) / f"lead_{lead}")
         prev = str(Path(result.checkpoint.path).resolve())
         out[f"lead_{lead}"] = _summary(result, metrics, det, data_k)
-    return {"leads": out, "checkpoint": prev, "from": det}
+    return {"leads": out, "checkpoint": prev, "from": det, **register(cfg, ctx, stages)}
+
+
+def register(cfg: FinetuneStochasticConfig, ctx: JobContext, stages: Path) -> dict[str, Any]:
+    """The uplifted stages folder as the run's MLflow model, once it holds both stochastic branches."""
+    leads = sorted((stages / "stochastic_processor").glob("lead_*"), key=lambda p: int(p.name.split("_")[1]))
+    encoder = checkpoints.latest(stages / "stochastic_encoder" / "ray")
+    processor = checkpoints.latest(leads[-1] / "ray") if leads else None
+    if not (ctx.tracker.enabled and encoder is not None and processor is not None):
+        return {}
+    name = cfg.registered_model if cfg.register_model else ""
+    config = (Path(ctx.out_dir) / "config.yaml").read_text()
+    block = mlflow_model.log_model(ctx.tracker, name, "e2e", config, stages=stages)
+    if "uri" in block:
+        say(f"registered the uplifted stages as MLflow model {block['uri']} (ensembles with stages={block['uri']})")
+    return {"mlflow_model": block}
 
 
 def _summary(result, metrics: dict, det: str, data: E2EData) -> dict[str, Any]:
