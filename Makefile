@@ -54,7 +54,7 @@ demo-edm: setup
 		baseline=persistence out_dir=runs/evaluate/edm plots=false
 
 # The stochastic uplift of the demo chain (finetunes if missing), its 4 x 4 nested ensemble and the deterministic
-# chain over the paper's ten leads (10 steps of 6 h), scored against each other (README, Results).
+# chain over the paper's ten leads (10 steps of 6 h), scored against each other (docs/RESULTS.md).
 UPLIFT_STEPS ?= 10
 demo-uplift: setup
 	test -d runs/train_e2e/e2e/chain || $(MAKE) demo-e2e
@@ -68,7 +68,7 @@ demo-uplift: setup
 # Nested 4 x 4 (x 2 routing) ensembles of the uplifted chain on Ray actors, then each stream denied in turn.
 # Builds what it needs first: the chain (demo-e2e) and its stochastic uplift. The OSE runs on a copy of the
 # stages (e2e_deny, links but for its encoder) whose encoder noise was finetuned with streams withheld
-# (stochastic.deny_prob), so that it has learned what a missing stream costs (README, Results).
+# (stochastic.deny_prob), so that it has learned what a missing stream costs (docs/RESULTS.md).
 DENY_STAGES := runs/train_e2e/e2e_deny
 demo-ensemble: setup
 	test -d runs/train_e2e/e2e/chain || $(MAKE) demo-e2e
