@@ -183,6 +183,7 @@ class Tracker:
             Path(self.uri[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
         before = os.environ.get("MLFLOW_TRACKING_URI")
         mlflow.set_tracking_uri(self.uri)
+        mlflow.set_registry_uri(self.uri)  # registered models go to this store, whatever an earlier job set
         # MLflow exports the URI to the environment; a later job of this process (a test session, Tune
         # trials) would then take it for the user's own setting. Workers get the URI explicitly instead.
         if before is None:
@@ -264,5 +265,8 @@ class Tracker:
     def end(self, status: str = "FINISHED") -> None:
         if self.enabled and self._mlflow.active_run() is not None:
             if status == "FINISHED":
-                view.show_columns(self._mlflow.MlflowClient(), self._experiment_id, self.run_id, self.columns)
+                try:  # the UI's columns are a convenience: a server that refuses the tag fails no job
+                    view.show_columns(self._mlflow.MlflowClient(), self._experiment_id, self.run_id, self.columns)
+                except self._mlflow.exceptions.MlflowException as e:
+                    warnings.warn(f"MLflow: the runs table's columns were not updated ({e.message})", stacklevel=2)
             self._mlflow.end_run(status=status)

@@ -179,7 +179,7 @@ def test_stochastic_uplift_and_nested_members_recomputed_alone(chain, tmp_path):
     def ensemble(inits, out):
         _run("forecast_e2e", ForecastE2EConfig, forecast_e2e,
              [f"stages={stages}", "steps=2", inits, "members.M=2", "members.N=3", f"out_dir={tmp_path / out}",
-              "batch_size=1", "tracking.enabled=false"])  # one init's members per forward: bit for bit
+              "batch_size=8", "tracking.enabled=false"])  # batched inits, and one alone: bit for bit (CPU)
         return xr.open_zarr(tmp_path / out / "forecast.zarr").geopotential.load()
 
     both = ensemble(INITS, "both")

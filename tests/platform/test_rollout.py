@@ -4,6 +4,7 @@ scores (RMSE, ACC, persistence), routing draws as an ensemble, the forecast stor
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from wxray.data.schema import open_stats, open_store
@@ -171,7 +172,7 @@ def test_routing_members_are_own_draws_and_recompute_alone(tiny_store):
     draws.clear()
     batched = rollout(model, spec, anchors, steps=2, seed=7, members=[0, 1, 2], batch_size=6)
     assert all(torch.equal(draws[6 * k + s], one_by_one[s][k]) for s in range(6) for k in range(2))
-    np.testing.assert_allclose(batched, fc, rtol=1e-6)  # batched kernels may round differently
+    assert np.array_equal(batched, fc)  # batched members, bit for bit (CPU: models/batch_invariance.py)
     plain = rollout(model, spec, anchors, steps=2, seed=7)
     assert np.array_equal(plain, fc[:, 0])  # the deterministic forecast is member 0
     assert not np.array_equal(rollout(model, spec, anchors, steps=2, seed=8), plain)
@@ -263,3 +264,17 @@ def test_a_forecast_on_part_of_the_grid_is_scored_on_its_points(tiny_store):
     shifted = full.assign_coords(latitude=full.latitude.values + 1.0)
     with pytest.raises(DataError, match="^store: grid 8x16 does not contain the points of the 8x16 grid"):
         rollout_report(shifted, store, clim)
+
+
+def test_batch_invariance_switches_onednn_off_for_the_cpu_only_and_restores_it():
+    from wxray.models.batch_invariance import batch_invariant
+
+    before = torch.backends.mkldnn.enabled
+    with batch_invariant("cpu"):
+        assert torch.backends.mkldnn.enabled is False
+    assert torch.backends.mkldnn.enabled == before
+    with batch_invariant("cuda"):  # a no-op off the CPU: cuBLAS/cuDNN have no such switch
+        assert torch.backends.mkldnn.enabled == before
+    with pytest.raises(RuntimeError), batch_invariant("cpu"):
+        raise RuntimeError("a failed forward")
+    assert torch.backends.mkldnn.enabled == before

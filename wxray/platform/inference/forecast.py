@@ -65,7 +65,9 @@ class ForecastConfig(JobConfig):
     members: PosInt = 1
     sampler: SamplerConfig = field(default_factory=SamplerConfig)  # edm checkpoints: how a sample is drawn
     seed: Seed = 0  # member m of init t draws from SeedSequence([seed, t in seconds, m]) (rollout.py)
-    batch_size: PosInt = 1  # (init, member) samples per forward; 1 = any member recomputes alone bit for bit
+    # (init, member) samples per forward; on the CPU any member recomputes alone bit for bit whatever the batch
+    # (models/batch_invariance.py), on a GPU only with batch_size=1
+    batch_size: PosInt = 8
     device: str = "auto"  # auto (a GPU when there is one), cpu, cuda, cuda:1; must exist on this machine
 
     experiment = "wxray-forecast"

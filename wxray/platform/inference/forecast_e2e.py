@@ -34,6 +34,7 @@ from wxray.data.windows import choose_inits, parse_range, rollout_anchors
 from wxray.io import atomic_path
 from wxray.job import JobConfig, JobContext, say
 from wxray.models import RowGenerators
+from wxray.models.batch_invariance import batch_invariant
 from wxray.platform.inference.chain import load_chain, load_stochastic, station_table
 from wxray.platform.inference.forecast import resolve_device
 from wxray.platform.inference.nested import Members, Plan, UnitModels, nested_members, run_units
@@ -173,13 +174,15 @@ def forecast_e2e(cfg: ForecastE2EConfig, ctx: JobContext) -> dict[str, Any]:
         models = UnitModels(data.spec, senc, sproc or processor, decoder,
                             StationSet.of(data, table) if table is not None else None).to(device).prepare(p)
         plan = Plan(m, n, 1, cfg.steps, cfg.seed, tuple(cfg.deny), p)
-        fields, st = run_members(models, data, anchors, plan, cfg.batch_size, device)
+        with batch_invariant(device):  # an init's members: the same bits whatever batch they are in (CPU)
+            fields, st = run_members(models, data, anchors, plan, cfg.batch_size, device)
         stations = None if st is None else (table, st)
         members = list(range(m * n))
         extra = {"members": {"M": m, "N": n}, "dropout": p, "seed": cfg.seed, "seeds": SEED_NOTE}
     else:
-        fields, stations = run_forecast(data, encoder, processor, decoder, anchors, cfg.steps, cfg.deny,
-                                        cfg.batch_size, device, init_times, cfg.seed)
+        with batch_invariant(device):
+            fields, stations = run_forecast(data, encoder, processor, decoder, anchors, cfg.steps, cfg.deny,
+                                            cfg.batch_size, device, init_times, cfg.seed)
     forecast = to_forecast_dataset(fields, data.spec, ds, anchors, members)
     step = forecast[LEAD].values[0]
     forecast = forecast.assign_coords({LEAD: forecast[LEAD].values - step})  # lead 0 is the analysis

@@ -62,10 +62,9 @@ class TrainSparseConfig(JobConfig):
     sampler: SamplerConfig = field(default_factory=SamplerConfig)  # model.name=edm: validation and rollout
     ray_address: str = ""  # Ray cluster (host:port); "" = RAY_ADDRESS (ray job submit) or a new local one
     ray_timeout_s: PosFloat = 60.0  # give up on an unreachable ray_address after this many seconds
-    # the final checkpoint is logged as the run's MLflow model and registered as the next version of this
-    # registered model ("" = wxray-<model.name>); false: logged, not registered (mlflow_model.py)
-    registered_model: str = ""
-    register_model: bool = True
+    # the final checkpoint is logged as the run's MLflow model (mlflow_model.py)
+    registered_model: str = ""  # the registered model it becomes the next version of; "" = wxray-<model.name>
+    register_model: bool = True  # false: the model is logged to the run, no version registered
     # JobConfig: out_dir "" = runs/train_sparse/<run_name or UTC timestamp>; the same run_name again resumes.
 
     experiment = "wxray-train"

@@ -131,23 +131,37 @@ def fetch_model(uri: str, tracking_uri: str, part: str = CHECKPOINT) -> Path:
 
     local = Path(tempfile.mkdtemp(prefix="wxray-model-"))
     atexit.register(shutil.rmtree, local, True)
-    before = mlflow.get_registry_uri()
-    mlflow.set_registry_uri(tracking_uri)  # models:/ resolves in the registry, which download_artifacts won't take
     try:
+        source = _artifact_source(uri, tracking_uri)
         with contextlib.redirect_stderr(io.StringIO()):  # its progress bar
-            folder = Path(mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(local),
+            folder = Path(mlflow.artifacts.download_artifacts(artifact_uri=source, dst_path=str(local),
                                                               tracking_uri=tracking_uri))
     except MlflowException as e:
         raise CheckpointError(f"checkpoint {uri}: not in the model registry of {redact_uri(tracking_uri)} "
                               f"({str(e.message).splitlines()[0]})") from None
-    finally:
-        mlflow.set_registry_uri(before)
     found = folder / part
     if not found.is_dir():
         kind = "a training run's checkpoint" if part == CHECKPOINT else "an end-to-end stages folder"
         raise CheckpointError(f"checkpoint {uri}: not a wxray model of {kind} (no {part}/ in it)")
     _downloaded[(uri, part)] = found
     return found
+
+
+def _artifact_source(uri: str, tracking_uri: str) -> str:
+    """Where the artifacts of `uri` are: a registered version (models:/<name>/<version>, models:/<name>@<alias>)
+    looked up in the registry of `tracking_uri` itself (not MLflow's process-wide registry URI); runs:/ as is."""
+    import mlflow
+
+    if not uri.startswith("models:/"):
+        return uri
+    name, sep, rest = uri[len("models:/"):].partition("@")
+    client = mlflow.MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
+    if sep:
+        version = client.get_model_version_by_alias(name, rest)
+    else:
+        name, _, number = name.rpartition("/")
+        version = client.get_model_version(name, number)
+    return client.get_model_version_download_uri(version.name, version.version)
 
 
 def local_stages(stages: str, tracking_uri: str) -> Path:

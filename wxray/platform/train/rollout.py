@@ -32,6 +32,7 @@ from wxray.data.schema import INIT, LAT, LEAD, LEVEL, LON, MEMBER, TIME, time_st
 from wxray.data.windows import WindowReader, WindowSpec, open_lazy, per_channel, to_physical
 from wxray.io import atomic_path
 from wxray.models import RandomSelector, RowGenerators, TokenSelector
+from wxray.models.batch_invariance import batch_invariant
 from wxray.platform.train.seeds import coordinate_generator
 
 
@@ -130,19 +131,20 @@ def rollout(model: torch.nn.Module, spec: WindowSpec, anchors: np.ndarray, steps
     v, h = len(spec.inputs), spec.history
     out = np.zeros((len(anchors), len(ids), steps, len(spec.targets), *spec.kept_grid), np.float32)
     samples = [(i, j) for i in range(len(anchors)) for j in range(len(ids))]
-    for start in tqdm(range(0, len(samples), batch_size), desc="rollout"):
-        chunk = samples[start: start + batch_size]
-        rows, cols = (np.array(a) for a in zip(*chunk, strict=True))
-        x = torch.from_numpy(reader.inputs(anchors[rows])).to(device)
-        gens = [coordinate_generator(seed, times[anchors[i]], ids[j]) for i, j in chunk]
-        # A generative forecaster draws everything (noise, routing) from per-row generators.
-        draws = {"generator": RowGenerators(gens)} if getattr(model, "generative", False) else {}
-        with per_sample_routing(model, gens):
-            for k in range(steps):
-                phys = spec.unpad(to_physical(spec, model(x, **draws).float(), x))
-                out[rows, cols, k] = phys.cpu().numpy()
-                state = _normalise_state(spec, spec.pad(phys))
-                x = torch.cat([x[:, v: h * v], state, x[:, h * v:]], dim=1)
+    with batch_invariant(device):  # a member's bits do not depend on the batch it is in (CPU)
+        for start in tqdm(range(0, len(samples), batch_size), desc="rollout"):
+            chunk = samples[start: start + batch_size]
+            rows, cols = (np.array(a) for a in zip(*chunk, strict=True))
+            x = torch.from_numpy(reader.inputs(anchors[rows])).to(device)
+            gens = [coordinate_generator(seed, times[anchors[i]], ids[j]) for i, j in chunk]
+            # A generative forecaster draws everything (noise, routing) from per-row generators.
+            draws = {"generator": RowGenerators(gens)} if getattr(model, "generative", False) else {}
+            with per_sample_routing(model, gens):
+                for k in range(steps):
+                    phys = spec.unpad(to_physical(spec, model(x, **draws).float(), x))
+                    out[rows, cols, k] = phys.cpu().numpy()
+                    state = _normalise_state(spec, spec.pad(phys))
+                    x = torch.cat([x[:, v: h * v], state, x[:, h * v:]], dim=1)
     return out[:, 0] if members is None else out
 
 

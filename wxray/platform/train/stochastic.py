@@ -64,10 +64,9 @@ class FinetuneStochasticConfig(JobConfig):
     scaling: ScalingCfg = field(default_factory=ScalingCfg)
     ray_address: str = ""  # Ray cluster (host:port); "" = RAY_ADDRESS (ray job submit) or a new local one
     ray_timeout_s: Annotated[float, Range(0, lo_open=True)] = 60.0  # give up on an unreachable ray_address after
-    # once both branches are uplifted, the stages folder is logged as the run's MLflow model and registered as
-    # the next version of this registered model; false: logged, not registered (mlflow_model.py)
-    registered_model: str = "wxray-e2e"
-    register_model: bool = True
+    # once both branches are uplifted, the stages folder is logged as the run's MLflow model (mlflow_model.py)
+    registered_model: str = "wxray-e2e"  # the registered model it becomes the next version of
+    register_model: bool = True  # false: the model is logged to the run, no version registered
 
     experiment = "wxray-e2e"
     columns = ("val/loss", "train/epoch_loss")
