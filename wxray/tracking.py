@@ -183,7 +183,8 @@ class Tracker:
             Path(self.uri[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
         before = os.environ.get("MLFLOW_TRACKING_URI")
         mlflow.set_tracking_uri(self.uri)
-        mlflow.set_registry_uri(self.uri)  # registered models go to this store, whatever an earlier job set
+        # The registry follows the tracking URI unless the user set MLFLOW_REGISTRY_URI: never pinned here, as a
+        # process-wide registry URI would also redirect every later MlflowClient(tracking_uri) of this process.
         # MLflow exports the URI to the environment; a later job of this process (a test session, Tune
         # trials) would then take it for the user's own setting. Workers get the URI explicitly instead.
         if before is None:
