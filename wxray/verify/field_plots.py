@@ -43,11 +43,16 @@ def plot_field_rows(rows: list[tuple[str, np.ndarray]], channels: list[str], uni
             scale = map_scale(fields[j], signed=True) if i in difference_rows else shared
             mesh = ax.pcolormesh(longitude, latitude, fields[j], shading="auto", **scale)
             fig.colorbar(mesh, ax=ax, shrink=0.85, label=units_label(unit))
-            ax.set_title(f"{name}: {label}", fontsize=8)
-            ax.tick_params(labelsize=6)
-            if j == 0:
-                ax.set_ylabel(LAT_LABEL, fontsize=7)
-            if i == len(rows) - 1:
-                ax.set_xlabel(LON_LABEL, fontsize=7)
+            label_panel(ax, f"{name}: {label}", left=j == 0, bottom=i == len(rows) - 1)
     fig.suptitle(title, fontsize=9)
     return fig
+
+
+def label_panel(ax, title: str, left: bool, bottom: bool) -> None:
+    """A map panel of a grid: its title; latitude on the left column, longitude on the bottom row."""
+    ax.set_title(title, fontsize=8)
+    ax.tick_params(labelsize=6)
+    if left:
+        ax.set_ylabel(LAT_LABEL, fontsize=7)
+    if bottom:
+        ax.set_xlabel(LON_LABEL, fontsize=7)

@@ -13,7 +13,7 @@ import numpy as np
 import xarray as xr
 
 from wxray.data.schema import LEAD, LEVEL
-from wxray.verify.field_plots import LAT_LABEL, LON_LABEL
+from wxray.verify.field_plots import label_panel
 from wxray.verify.plots import figure
 from wxray.verify.units import units_label
 from wxray.verify.variance import COMPONENT
@@ -59,12 +59,7 @@ def plot_maps(maps: xr.Dataset, folder: Path, units: dict[str, str] | None = Non
                     ax = axes[r, c]
                     im = ax.pcolormesh(field.longitude, field.latitude, values.isel({LEAD: c}),
                                        vmin=0.0, vmax=vmax, cmap="viridis", shading="auto")
-                    ax.set_title(f"{comp} +{hours[k]:g} h", fontsize=8)
-                    ax.tick_params(labelsize=6)
-                    if c == 0:
-                        ax.set_ylabel(LAT_LABEL, fontsize=7)
-                    if r == len(comps) - 1:
-                        ax.set_xlabel(LON_LABEL, fontsize=7)
+                    label_panel(ax, f"{comp} +{hours[k]:g} h", left=c == 0, bottom=r == len(comps) - 1)
                 label = "share of U_total" if comp == "rho_drop" else units_label((units or {}).get(var, ""), 2)
                 fig.colorbar(im, ax=axes[r, :], shrink=0.8, label=label)
             fig.suptitle(f"{name}: variance split ({over}; U in squared units of {name})", fontsize=9)
