@@ -43,14 +43,14 @@ def test_every_experiment_has_its_view_and_the_finished_run_adds_columns(tmp_pat
     import mlflow
 
     client = mlflow.MlflowClient(uri)
-    tags = client.get_experiment(tracker._experiment_id).tags
+    tags = client.get_experiment(tracker.experiment_id).tags
     assert tags["mlflow.experimentKind"] == "custom_model_development"
     assert json.loads(tags[tracking_view.VIEW_TAG])["selectedColumns"] == [
         "metrics.`val/loss`", "metrics.`val/rmse/geopotential`"]
     failed = Tracker(TrackingConfig(uri=uri, experiment="wxray-train"), "failed", columns=("train/*",))
     failed.log_metrics({"train/lr": 1e-3})
     failed.end("FAILED")  # a failed run changes nothing the table shows
-    assert client.get_experiment(tracker._experiment_id).tags[tracking_view.VIEW_TAG] == tags[tracking_view.VIEW_TAG]
+    assert client.get_experiment(tracker.experiment_id).tags[tracking_view.VIEW_TAG] == tags[tracking_view.VIEW_TAG]
 
 
 def test_mlflow_ui_prints_one_link_per_experiment(tmp_path, capsys):
@@ -58,7 +58,7 @@ def test_mlflow_ui_prints_one_link_per_experiment(tmp_path, capsys):
     tracker = _toy_run(uri)
     assert tracking_view.main([uri, "http://127.0.0.1:5000"]) == 0
     out = capsys.readouterr().out
-    assert out.split() == ["wxray-train", f"http://127.0.0.1:5000/#/experiments/{tracker._experiment_id}/runs"
+    assert out.split() == ["wxray-train", f"http://127.0.0.1:5000/#/experiments/{tracker.experiment_id}/runs"
                                           "?viewStateShareKey=wxray&workflowType=machine_learning"]
 
 
@@ -88,7 +88,7 @@ def test_the_printed_links_open_the_runs_table_in_a_fresh_browser(tmp_path):
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
             page = browser.new_context(viewport={"width": 1600, "height": 1000}).new_page()  # empty localStorage
-            page.goto(tracking_view.experiment_url(base, tracker._experiment_id))
+            page.goto(tracking_view.experiment_url(base, tracker.experiment_id))
             table = page.get_by_role("grid")
             table.get_by_text("val/rmse/geopotential").wait_for(timeout=90_000)
             text = page.inner_text("body")
@@ -97,7 +97,7 @@ def test_the_printed_links_open_the_runs_table_in_a_fresh_browser(tmp_path):
             assert "toy-run" in header and "val/loss" in header and "train/lr" not in header
             assert "/runs?" in page.url and "workflowType=machine_learning" in page.url
             page.screenshot(path=str(tmp_path / "runs_table.png"))
-            page.goto(tracking_view.run_url(base, tracker._experiment_id, tracker.run_id))
+            page.goto(tracking_view.run_url(base, tracker.experiment_id, tracker.run_id))
             page.get_by_text("toy-run").first.wait_for(timeout=60_000)
             page.get_by_text("val/rmse/geopotential").first.wait_for(timeout=60_000)
             assert "Detect Issues" not in page.inner_text("body")
@@ -141,7 +141,7 @@ def test_a_copied_runs_folder_keeps_its_artifacts_with_it(tmp_path, capsys):
     assert "was made in another folder" in capsys.readouterr().out
     client = mlflow.MlflowClient(uri)
     here = (copy / "mlartifacts").resolve().as_uri()
-    assert client.get_experiment(new._experiment_id).artifact_location == here
+    assert client.get_experiment(new.experiment_id).artifact_location == here
     for run_id in (old.run_id, new.run_id):
         run = client.get_run(run_id)
         assert run.info.artifact_uri.startswith(here + "/"), run.info.artifact_uri

@@ -14,6 +14,7 @@ prints them for `--help`), so the code and the help text cannot drift apart.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
 import math
@@ -24,6 +25,8 @@ from typing import Annotated, Any, Literal, TypeVar, get_args, get_origin
 
 import yaml
 
+from wxray.config_renames import reading_saved, renamed
+from wxray.config_yaml import load_yaml
 from wxray.errors import ConfigError
 
 T = TypeVar("T")
@@ -223,35 +226,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     raise ConfigError(f"config key '{key}' expects {type_name(tp)}, got {value!r}")
 
 
-_QUIET = [False]  # reading a saved config (from_dict(saved=True)): renamed keys move without a notice
-
-
-def deprecated(old: str, new: str) -> None:
-    """The one line a renamed config key prints while its old name still works (for one release)."""
-    if _QUIET[0]:
-        return
-    print(f"wxray: config key '{old}' is deprecated and will be removed: use '{new}'", flush=True)
-
-
-def _renamed(cls: type, values: dict[str, Any], prefix: str) -> dict[str, Any]:
-    """`values` with the old names of `cls.renamed` ({old: new}, new may be dotted: 'members.M') moved to the
-    new ones, each with its deprecation line; both names given is an error."""
-    values = dict(values)
-    for old, new in getattr(cls, "renamed", {}).items():
-        if old not in values:
-            continue
-        head, _, rest = new.partition(".")
-        if head in values and (not rest or rest in (values[head] or {})):
-            raise ConfigError(f"config keys '{prefix}{old}' and '{prefix}{new}' are one key ('{old}' is its old "
-                              f"name): give '{prefix}{new}' only")
-        deprecated(prefix + old, prefix + new)
-        value = values.pop(old)
-        values = deep_merge(values, {head: {rest: value}} if rest else {head: value})
-    return values
-
-
 def _build(cls: type[T], values: dict[str, Any], prefix: str = "") -> T:
-    values = _renamed(cls, values, f"{prefix}." if prefix else "")
+    values = renamed(cls, values, f"{prefix}." if prefix else "")
     hints = typing.get_type_hints(cls, include_extras=True)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     kwargs = {}
@@ -309,11 +285,8 @@ def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 def from_dict(cls: type[T], values: dict[str, Any], saved: bool = False) -> T:
     """Inverse of `to_dict` (used on Ray workers): same checks as loading from YAML. `saved`: the values are
     a run's own config.yaml, written before a key was renamed: read under the old names without a notice."""
-    _QUIET[0] = saved
-    try:
+    with reading_saved() if saved else contextlib.nullcontext():
         cfg = _build(cls, values)
-    finally:
-        _QUIET[0] = False
     _validate(cfg)
     return cfg
 
@@ -373,46 +346,6 @@ def parse_override(token: str) -> dict[str, Any]:
         cur = cur.setdefault(p, {})
     cur[parts[-1]] = RawOverride(raw, value)
     return nested
-
-
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """SafeLoader that refuses a key given twice in one mapping (YAML itself would keep the last)."""
-
-    def construct_mapping(self, node, deep=False):
-        seen: dict[Any, int] = {}
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=True)
-            line = key_node.start_mark.line + 1
-            if key in seen:
-                raise ConfigError(f"config file {self.name}: key '{key}' is given twice "
-                                  f"(lines {seen[key]} and {line})")
-            seen[key] = line
-        return super().construct_mapping(node, deep)
-
-
-def load_yaml(path: str | Path) -> dict[str, Any]:
-    p = Path(path)
-    if p.is_dir():
-        raise ConfigError(f"config file {p} is a directory, not a YAML file")
-    if not p.is_file():
-        raise ConfigError(f"config file {p} does not exist")
-    try:
-        text = p.read_text()
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"config file {p} cannot be read ({type(e).__name__})") from None
-    loader = _UniqueKeyLoader(text)
-    loader.name = str(p)
-    try:
-        data = loader.get_single_data() or {}
-    except yaml.YAMLError as e:
-        line = getattr(getattr(e, "problem_mark", None), "line", None)
-        where = f" (line {line + 1})" if line is not None else ""
-        raise ConfigError(f"config file {p} is not valid YAML{where}") from None
-    finally:
-        loader.dispose()
-    if not isinstance(data, dict):
-        raise ConfigError(f"config file {p} must hold a mapping of keys, got {type(data).__name__}")
-    return data
 
 
 def load_config(cls: type[T], argv: list[str] | None = None) -> T:

@@ -192,17 +192,16 @@ class Tracker:
         else:
             os.environ["MLFLOW_TRACKING_URI"] = before
         experiment = mlflow.get_experiment_by_name(cfg.experiment)
+        defaults = {**EXPERIMENT_KIND, view.VIEW_TAG: view.view_state(None, [])}
         if experiment is None:
             location = None
             if self.uri.startswith("sqlite:///"):
                 # Without this MLflow puts artifacts in ./mlruns of whatever directory the job ran from.
                 location = (Path(self.uri[len("sqlite:///"):]).parent / ARTIFACTS).resolve().as_uri()
-            mlflow.create_experiment(cfg.experiment, artifact_location=location,
-                                     tags={**EXPERIMENT_KIND, view.VIEW_TAG: view.view_state(None, [])})
+            mlflow.create_experiment(cfg.experiment, artifact_location=location, tags=defaults)
         else:  # an experiment made before wxray set these tags
             if self.uri.startswith("sqlite:///"):
                 follow_moved_store(Path(self.uri[len("sqlite:///"):]), experiment)
-            defaults = {**EXPERIMENT_KIND, view.VIEW_TAG: view.view_state(None, [])}
             for key, value in defaults.items():
                 if key not in experiment.tags:
                     mlflow.MlflowClient().set_experiment_tag(experiment.experiment_id, key, value)
@@ -219,6 +218,10 @@ class Tracker:
         self.run_id = run.info.run_id
         self._experiment_id = run.info.experiment_id
         self._mlflow = mlflow
+
+    @property
+    def experiment_id(self) -> str | None:
+        return getattr(self, "_experiment_id", None)
 
     @property
     def run_url(self) -> str:

@@ -14,7 +14,8 @@ import xarray as xr
 import yaml
 
 from tests.platform.conftest import write_tiny_store
-from wxray.config import dump_yaml, load_yaml, to_dict
+from wxray.config import dump_yaml, to_dict
+from wxray.config_yaml import load_yaml
 from wxray.data.schema import open_stats, open_store
 from wxray.data.window_data import DataConfig, WindowData
 from wxray.data.windows import WindowReader, fit_spec, make_spec

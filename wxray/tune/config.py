@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
-from wxray.config import InPath, NonNegInt, PosInt, Range, deep_merge, load_yaml
+from wxray.config import InPath, NonNegInt, PosInt, Range, deep_merge
+from wxray.config_yaml import load_yaml
 from wxray.job import JobConfig
 from wxray.platform.inference.forecast_e2e import ForecastE2EConfig
 from wxray.platform.train.config import TrainSparseConfig

@@ -38,7 +38,7 @@ from wxray.platform.cluster.session import ensure_ray
 from wxray.platform.ensemble.actors import check_fits, fan_out, largest_node_memory
 from wxray.platform.ensemble.report import analyse, summary_line
 from wxray.platform.ensemble.store import EnsembleStore, Layout
-from wxray.platform.inference.chain import load_chain, load_stochastic, station_table
+from wxray.platform.inference.chain import inputs_used, load_chain, load_stochastic, station_table
 from wxray.platform.inference.nested import Members, Plan, UnitModels
 from wxray.platform.train.mlflow_model import local_stages
 from wxray.platform.train.rollout import routing_varies
@@ -195,8 +195,7 @@ def run_members(cfg: EnsembleConfig, ctx: JobContext, models: UnitModels, layout
 
 def ensemble(cfg: EnsembleConfig, ctx: JobContext) -> dict[str, Any]:
     models, layout, anchors, data, used = build_models(cfg)
-    used_paths = {"store": data.spec.store, "obs_dir": data.obs.obs_dir}
-    ctx.record_resolved({k: v for k, v in used_paths.items() if not getattr(cfg, k)})
+    ctx.record_resolved(inputs_used(cfg, data))
     plan = layout.plan
     say(f"nested ensemble: {plan.members_m} encoder draw(s) x {plan.members_n} dropout member(s) "
         f"(p={plan.dropout:g})"

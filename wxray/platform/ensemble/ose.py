@@ -29,12 +29,14 @@ from typing import Any, Literal
 
 import numpy as np
 
-from wxray.config import NonNegInt, PosInt, Probability, deprecated
+from wxray.config import NonNegInt, PosInt, Probability
+from wxray.config_renames import deprecated
 from wxray.errors import ConfigError, DataError
 from wxray.io import atomic_path
 from wxray.job import JobContext, say
 from wxray.platform.ensemble.batch import EnsembleConfig, build_models, run_members
 from wxray.platform.ensemble.report import load_split
+from wxray.platform.inference.chain import inputs_used
 from wxray.verify.denial import MIN_INITS, change_table, components, domain_series, plot_ose
 
 
@@ -68,8 +70,7 @@ class OSEConfig(EnsembleConfig):
 
 def ose(cfg: OSEConfig, ctx: JobContext) -> dict[str, Any]:
     models, layout, anchors, data, used = build_models(replace(cfg, deny=[]))
-    used_paths = {"store": data.spec.store, "obs_dir": data.obs.obs_dir}
-    ctx.record_resolved({k: v for k, v in used_paths.items() if not getattr(cfg, k)})
+    ctx.record_resolved(inputs_used(cfg, data))
     names = [s.name for s in data.obs.streams]
     unknown = [s for s in cfg.streams if s not in names]
     if unknown:

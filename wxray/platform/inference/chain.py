@@ -13,7 +13,7 @@ import pandas as pd
 import pyarrow.dataset as pads
 import torch
 
-from wxray.config import load_yaml
+from wxray.config_yaml import load_yaml
 from wxray.data.e2e_windows import E2EData, prepare_e2e
 from wxray.errors import CheckpointError, ConfigError
 from wxray.job import recorded_path, say
@@ -24,6 +24,13 @@ from wxray.platform.train.checkpoint_forecast import load_forecaster
 from wxray.platform.train.e2e import trained_stage
 from wxray.platform.train.stage_config import TrainE2EConfig
 from wxray.platform.train.stages import build_decoder, build_encoder, stage_identity
+
+
+def inputs_used(cfg, data: E2EData) -> dict[str, str]:
+    """The store and obs dir `cfg` left to the stages ("" keys), as `data` was read from: what a job records
+    (`JobContext.record_resolved`)."""
+    used = {"store": data.spec.store, "obs_dir": data.obs.obs_dir}
+    return {k: v for k, v in used.items() if not getattr(cfg, k)}
 
 
 def load_chain(stages: str | Path, store: str = "", obs_dir: str = "", deny: Sequence[str] = ()

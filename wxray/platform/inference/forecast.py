@@ -32,7 +32,8 @@ from typing import Any
 import torch
 import xarray as xr
 
-from wxray.config import InPath, PosInt, RunsDir, Seed, from_dict, load_yaml
+from wxray.config import InPath, PosInt, RunsDir, Seed, from_dict
+from wxray.config_yaml import load_yaml
 from wxray.data import location
 from wxray.data.schema import TIME, Stats, open_stats, open_store
 from wxray.data.window_data import DataConfig
@@ -213,9 +214,10 @@ def forecast(cfg: ForecastConfig, ctx: JobContext) -> dict[str, Any]:
     model_cfg, data_cfg = training_configs(ckpt, meta)
     # cfg.store is absolute already; the training store as it is here (a URL stays one; a moved project's
     # store under the wxray home), recorded in config.yaml as the store used
-    store = cfg.store or recorded_path(data_cfg.store, "the checkpoint's training store")
-    data_cfg = replace(data_cfg, store=store) if not cfg.store else data_cfg
-    if not cfg.store:
+    store = cfg.store
+    if not store:
+        store = recorded_path(data_cfg.store, "the checkpoint's training store")
+        data_cfg = replace(data_cfg, store=store)
         ctx.record_resolved({"store": store})
     ds = open_store(store)
     spec = trained_spec(ckpt, meta, store, ds, model_cfg, data_cfg)
@@ -232,7 +234,7 @@ def forecast(cfg: ForecastConfig, ctx: JobContext) -> dict[str, Any]:
     anchors = choose_inits(ds, spec, test, cfg.inits, cfg.steps, store)
     device = resolve_device(cfg.device)
     ctx.provenance["store"] = store_fingerprint(store, ds)
-    where = mlflow_model.origin(ckpt) or checkpoints.origin(ckpt)  # a URL or model URI for a fetched one
+    where = checkpoints.origin(ckpt)  # the URL or model URI of a fetched checkpoint
     ctx.provenance["checkpoint"] = {"path": where, **checkpoints.meta_provenance(meta)}
     tracker = ctx.tracker  # every input is checked: the run starts here
 

@@ -35,7 +35,7 @@ from wxray.io import atomic_path
 from wxray.job import JobConfig, JobContext, say
 from wxray.models import RowGenerators
 from wxray.models.batch_invariance import batch_invariant
-from wxray.platform.inference.chain import load_chain, load_stochastic, station_table
+from wxray.platform.inference.chain import inputs_used, load_chain, load_stochastic, station_table
 from wxray.platform.inference.forecast import resolve_device
 from wxray.platform.inference.nested import Members, Plan, UnitModels, nested_members, run_units
 from wxray.platform.train.mlflow_model import local_stages
@@ -153,7 +153,7 @@ def write_stations(path: Path, stations: pd.DataFrame, values: np.ndarray, init_
 def forecast_e2e(cfg: ForecastE2EConfig, ctx: JobContext) -> dict[str, Any]:
     stages = local_stages(cfg.stages, cfg.tracking.uri or resolve_uri())  # a folder, or a registered stages model
     tcfg, data, encoder, processor, decoder, used = load_chain(stages, cfg.store, cfg.obs_dir, cfg.deny)
-    ctx.record_resolved({k: getattr(tcfg.data, k) for k in ("store", "obs_dir") if not getattr(cfg, k)})
+    ctx.record_resolved(inputs_used(cfg, data))
     device = resolve_device(cfg.device)
     ds = open_store(data.spec.store)
     anchors = choose_inits(ds, data.spec, data.windows.anchors["test"], cfg.inits, cfg.steps, data.spec.store)

@@ -19,6 +19,7 @@ import atexit
 import json
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -206,21 +207,33 @@ def fetch(path: str | Path) -> Path:
     url = str(path).rstrip("/")
     if url.endswith("/" + STATE):
         url = url.rsplit("/", 1)[0]
-    if url not in _fetched:
+
+    def copy(local: Path) -> Path:
         if not location.reachable(location.join(url, STATE), "checkpoint"):
             raise CheckpointError(f"checkpoint {url}: no {STATE} found (expected a wxray checkpoint directory)")
-        local = Path(tempfile.mkdtemp(prefix="wxray-checkpoint-"))
-        atexit.register(shutil.rmtree, local, True)
         for name in (STATE, META):
             if location.exists(location.join(url, name)):
                 location.get(location.join(url, name), local / name)
-        _fetched[url] = local
-    return _fetched[url]
+        return local
+
+    return local_copy(url, copy)
+
+
+def local_copy(source: str, fill: Callable[[Path], Path], prefix: str = "wxray-checkpoint-") -> Path:
+    """The local copy of `source` (a URL, an MLflow model URI), made once per process by `fill(folder)` in a
+    temporary folder removed when the process ends; `fill` returns the copy's folder within it."""
+    if source not in _fetched:
+        local = Path(tempfile.mkdtemp(prefix=prefix))
+        atexit.register(shutil.rmtree, local, True)
+        _fetched[source] = fill(local)
+    return _fetched[source]
 
 
 def origin(path: str | Path) -> str:
-    """Where a checkpoint came from: the URL of a fetched copy, else the path itself."""
-    return next((url for url, local in _fetched.items() if local == Path(path)), str(path))
+    """Where a checkpoint came from: the URL or model URI of a fetched copy (or of the copy it lies in), else
+    the path itself."""
+    p = Path(path)
+    return next((src for src, local in _fetched.items() if p == local or local in p.parents), str(path))
 
 
 def load_model_weights(model: torch.nn.Module, state: dict[str, Any], where: str) -> None:

@@ -11,7 +11,8 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from wxray.config import from_dict, load_yaml
+from wxray.config import from_dict
+from wxray.config_yaml import load_yaml
 from wxray.data.e2e_windows import E2EData, E2EReader, prepare_e2e
 from wxray.data.obs.windows import check_reports
 from wxray.data.schema import TIME

@@ -23,12 +23,10 @@ model its stages folder (`jobs/ensemble.py stages=models:/wxray-e2e/2`).
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import io
 import shutil
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +42,6 @@ FLAVOR = "wxray"
 NAME = "model"  # the artifact folder of the logged model
 CHECKPOINT, STAGES = "checkpoint", "stages"
 STAGE_NAMES = ("chain", "encoder", "processor", "decoder", "stochastic_encoder", "stochastic_processor")
-_downloaded: dict[tuple[str, str], Path] = {}
 
 
 def is_model_uri(path: str) -> bool:
@@ -123,27 +120,24 @@ def _flavor():
 
 def fetch_model(uri: str, tracking_uri: str, part: str = CHECKPOINT) -> Path:
     """The checkpoint (or stages) folder of model `uri` from the registry of `tracking_uri`, downloaded once per
-    process into a temporary folder removed at exit; a one-line CheckpointError when it is not there."""
-    if (uri, part) in _downloaded:
-        return _downloaded[(uri, part)]
+    process (`checkpoints.local_copy`); a one-line CheckpointError when it is not there."""
     import mlflow
     from mlflow.exceptions import MlflowException
 
-    local = Path(tempfile.mkdtemp(prefix="wxray-model-"))
-    atexit.register(shutil.rmtree, local, True)
-    try:
-        source = _artifact_source(uri, tracking_uri)
-        with contextlib.redirect_stderr(io.StringIO()):  # its progress bar
-            folder = Path(mlflow.artifacts.download_artifacts(artifact_uri=source, dst_path=str(local),
-                                                              tracking_uri=tracking_uri))
-    except MlflowException as e:
-        raise CheckpointError(f"checkpoint {uri}: not in the model registry of {redact_uri(tracking_uri)} "
-                              f"({str(e.message).splitlines()[0]})") from None
-    found = folder / part
+    def download(local: Path) -> Path:
+        try:
+            source = _artifact_source(uri, tracking_uri)
+            with contextlib.redirect_stderr(io.StringIO()):  # its progress bar
+                return Path(mlflow.artifacts.download_artifacts(artifact_uri=source, dst_path=str(local),
+                                                                tracking_uri=tracking_uri))
+        except MlflowException as e:
+            raise CheckpointError(f"checkpoint {uri}: not in the model registry of {redact_uri(tracking_uri)} "
+                                  f"({str(e.message).splitlines()[0]})") from None
+
+    found = checkpoints.local_copy(uri, download, prefix="wxray-model-") / part
     if not found.is_dir():
         kind = "a training run's checkpoint" if part == CHECKPOINT else "an end-to-end stages folder"
         raise CheckpointError(f"checkpoint {uri}: not a wxray model of {kind} (no {part}/ in it)")
-    _downloaded[(uri, part)] = found
     return found
 
 
@@ -167,8 +161,3 @@ def _artifact_source(uri: str, tracking_uri: str) -> str:
 def local_stages(stages: str, tracking_uri: str) -> Path:
     """The stages folder `stages=` names: itself, or a stages model's from the registry."""
     return fetch_model(stages, tracking_uri, STAGES) if is_model_uri(stages) else Path(stages)
-
-
-def origin(path: str | Path) -> str | None:
-    """The model URI a downloaded checkpoint folder came from, or None."""
-    return next((uri for (uri, _), local in _downloaded.items() if local == Path(path)), None)
