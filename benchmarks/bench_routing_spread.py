@@ -27,8 +27,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from wxray.data.anchors import split_anchors, valid_anchors
 from wxray.data.schema import open_store
-from wxray.data.windows import WindowReader, split_anchors, valid_anchors
+from wxray.data.windows import WindowReader
 from wxray.platform.inference.forecast import find_checkpoint, trained_spec, training_configs
 from wxray.platform.train import checkpoints
 from wxray.platform.train.checkpoint_forecast import load_forecaster

@@ -290,6 +290,19 @@ def test_a_directory_where_a_file_is_expected_says_directory(tmp_path, capsys):
     assert rc == 2 and err == f"error: source {tmp_path / 'tables'} is a directory; expected a .csv or .parquet file"
 
 
+@pytest.mark.parametrize("job,cmd,extra", [("make_sample_obs", "make-sample-obs", []),
+                                             ("prepare_obs", "prepare-obs", ["source=st.csv", "stream=st"])])
+def test_an_obs_dir_is_not_written_to_a_url(job, cmd, extra, tmp_path, capsys, monkeypatch):
+    """Obs dirs are read from object storage, never written there: refused before anything is written."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "st.csv").write_text("id,time,lat,lon,t2m\n1,2000-01-01T00,1,2,280\n")
+    rc = run_job(job, CONFIGS[cmd], _load(JOBS[cmd][2]),
+                 ["out=s3://bucket/obs", *extra, f"out_dir={tmp_path / 'r'}", "tracking.enabled=false"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and err.startswith("error: config key 'out' = s3://bucket/obs: obs dirs are written to a folder")
+    assert len(err.splitlines()) == 1 and sorted(p.name for p in tmp_path.iterdir()) == ["st.csv"]
+
+
 @pytest.mark.slow
 def test_an_unparseable_time_is_the_only_line_on_stderr(tmp_path):
     """As users run it: no pandas warning before the error line."""

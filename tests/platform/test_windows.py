@@ -5,8 +5,9 @@ import pytest
 import xarray as xr
 
 from tests.platform.conftest import write_tiny_store
+from wxray.data.anchors import split_anchors, valid_anchors
 from wxray.data.schema import open_stats, open_store
-from wxray.data.windows import WindowConfig, WindowReader, make_spec, split_anchors, to_physical, valid_anchors
+from wxray.data.windows import WindowConfig, WindowReader, make_spec, to_physical
 from wxray.errors import ConfigError, DataError
 
 

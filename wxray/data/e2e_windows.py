@@ -23,15 +23,15 @@ read once (window_steps = 1).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Literal
 
 import numpy as np
 import xarray as xr
 
 from wxray.config import InPath, NonNegInt, PosInt
+from wxray.data import location
 from wxray.data.obs.points import ALTITUDE, open_point_dataset
-from wxray.data.obs.registry import ObsSpec, make_obs_spec
+from wxray.data.obs.registry import REGISTRY, ObsSpec, make_obs_spec
 from wxray.data.obs.sample import make_sample_obs
 from wxray.data.obs.windows import ObsWindowReader
 from wxray.data.schema import LAT, LEVEL, LON, TIME, open_climatology, time_step
@@ -84,16 +84,18 @@ class E2EData:
         return self.windows.counts()
 
 
-def _ensure_obs(cfg: ObsDataConfig) -> Path:
-    obs_dir = Path(cfg.obs_dir)
-    if (obs_dir / "obs.yaml").exists():
+def _ensure_obs(cfg: ObsDataConfig) -> str:
+    """The obs dir (a path or a URL, read in place); only the default local one is derived when missing."""
+    obs_dir = cfg.obs_dir
+    if location.reachable(location.join(obs_dir, REGISTRY), "data.obs_dir"):
         return obs_dir
-    if obs_dir.resolve() != resolve_path(DEFAULT_SAMPLE_OBS).resolve():
-        raise DataError(f"data.obs_dir {obs_dir}: no obs.yaml there (make one with jobs/make_sample_obs.py or "
-                        f"jobs/prepare_obs.py)")
-    say(f"deriving the sample observation streams {obs_dir} from {cfg.store} (synthetic; a few seconds)")
-    make_sample_obs(cfg.store, obs_dir, seed=cfg.obs_seed)
-    return obs_dir
+    local = None if location.is_remote(obs_dir) else location.local_path(obs_dir)
+    if local is None or local.resolve() != resolve_path(DEFAULT_SAMPLE_OBS).resolve():
+        raise DataError(f"data.obs_dir {local or obs_dir}: no obs.yaml there (make one with jobs/make_sample_obs.py "
+                        f"or jobs/prepare_obs.py)")
+    say(f"deriving the sample observation streams {local} from {cfg.store} (synthetic; a few seconds)")
+    make_sample_obs(cfg.store, local, seed=cfg.obs_seed)
+    return str(local)
 
 
 def prepare_e2e(cfg: ObsDataConfig, patch_size: int) -> E2EData:
@@ -102,7 +104,7 @@ def prepare_e2e(cfg: ObsDataConfig, patch_size: int) -> E2EData:
     windows.spec = fit_spec(windows.spec, patch_size, cfg.grid_fit)
     ds = open_lazy(windows.spec.store)
     obs_dir = _ensure_obs(cfg)
-    obs = make_obs_spec(str(obs_dir), time_step(ds), window_steps=cfg.window_steps, streams=cfg.streams,
+    obs = make_obs_spec(obs_dir, time_step(ds), window_steps=cfg.window_steps, streams=cfg.streams,
                         max_quality=cfg.max_quality)
     station = station_info(obs, cfg.station_stream, "data.station_stream")
     variables = list(cfg.station_variables) or list(station.variables)

@@ -8,10 +8,10 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
 from wxray.config import InPath, NonNegInt, OutDir, PosInt, Range, Seed
+from wxray.data.anchors import parse_range
 from wxray.data.convert import prepare_data
 from wxray.data.make_view import MapFn, make_view
 from wxray.data.sample import make_sample_store
-from wxray.data.windows import parse_range
 from wxray.errors import ConfigError
 from wxray.job import JobConfig, JobContext
 

@@ -82,6 +82,14 @@ def exists(location: str | os.PathLike) -> bool:
     return bool(fs.exists(path))
 
 
+def is_dir(location: str | os.PathLike) -> bool:
+    """A folder at a path, or a prefix with objects under it at a URL."""
+    if not is_remote(location):
+        return local_path(location).is_dir()
+    fs, path = filesystem(location)
+    return bool(fs.isdir(path))
+
+
 def reachable(location: str | os.PathLike, what: str) -> bool:
     """`exists`, with an unreachable endpoint, refused credentials or a missing backend as one-line errors
     naming `what` and the location (ConfigError for a backend to install, DataError otherwise)."""

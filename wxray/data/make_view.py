@@ -26,9 +26,9 @@ from tqdm.auto import tqdm
 import wxray
 from wxray import provenance
 from wxray.data import location, view
+from wxray.data.anchors import parse_range
 from wxray.data.schema import LEVEL, LON, STAT_NAMES, TIME, grid_attrs, open_store
 from wxray.data.stats import compute_stats, write_stats
-from wxray.data.windows import parse_range
 from wxray.errors import DataError
 from wxray.io import atomic_path
 

@@ -2,10 +2,7 @@
 and how one batch of them is read and normalised. No Ray here: the Ray Data layer (`platform/train/datasets.py`) and
 the single-process benchmark loop call the same reader.
 
-A window is named by its *anchor*, the index of its last input step t. Inputs are steps
-t-H+1 .. t, the target is step t+lead. A window is valid when all those steps are exactly one native
-time step apart (no gaps), lie in one ``trajectory`` (when the store has that coordinate), and all lie
-in one split's time range, so no window leaks across train/val/test.
+A window is named by its *anchor* (the index of its last input step; see anchors.py).
 
 The grid a window is read on is the store grid fitted to the model's patch size (`data.grid_fit`,
 see gridfit.py): `WindowSpec.latitude`/`longitude` are the kept coordinates, `WindowSpec.grid` the
@@ -18,16 +15,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 import numpy as np
-import pandas as pd
 import xarray as xr
 
 from wxray.config import Fraction, PosInt
 from wxray.data import location
 from wxray.data.gridfit import GRID_FIT_MODES, GridFit, GridFitMode, fit_grid
-from wxray.data.schema import GLOBAL, LAT, LEVEL, LON, TIME, TRAJECTORY, Channel, Stats, channels, grid_kind, time_step
+from wxray.data.schema import GLOBAL, LAT, LEVEL, LON, TIME, Channel, Stats, channels, grid_kind
 from wxray.errors import ConfigError, DataError
-
-SPLITS = ("train", "val", "test")
 
 
 @dataclass
@@ -169,99 +163,7 @@ def fit_spec(spec: WindowSpec, patch_size: int, mode: str) -> WindowSpec:
     return replace(spec, fit=fit, latitude=spec.latitude[r0:r1], longitude=spec.longitude[c0:c1])
 
 
-def valid_anchors(ds: xr.Dataset, history: int, lead_steps: int) -> np.ndarray:
-    """Anchors t whose steps t-H+1 .. t+lead are contiguous and within one trajectory."""
-    times = ds[TIME].values
-    n = times.size
-    step = time_step(ds)
-    contiguous = np.diff(times) == step  # link i -> i+1
-    if TRAJECTORY in ds.coords:
-        traj = ds[TRAJECTORY].values
-        contiguous &= traj[1:] == traj[:-1]
-    span = history - 1 + lead_steps  # links a window needs
-    if n <= span:
-        return np.zeros(0, dtype=np.int64)
-    ok = np.ones(n - span, dtype=bool)  # start s = t - H + 1
-    for k in range(span):
-        ok &= contiguous[k: k + n - span]
-    return np.nonzero(ok)[0].astype(np.int64) + history - 1
-
-
-def parse_range(text: str, key: str) -> tuple[np.datetime64, np.datetime64]:
-    """An inclusive "start/end" time range of config key `key`."""
-    msg = f"{key} must be 'start/end' dates (e.g. 2000-01-01/2000-03-01), got {text!r}"
-    try:
-        a, b = (pd.Timestamp(x) for x in text.split("/"))
-    except (ValueError, TypeError):
-        raise ConfigError(msg) from None
-    if pd.isna(a) or pd.isna(b):
-        raise ConfigError(msg)
-    if b < a:
-        raise ConfigError(f"{key}: end {b} is before start {a}")
-    return np.datetime64(a, "ns"), np.datetime64(b, "ns")
-
-
-def split_anchors(ds: xr.Dataset, anchors: np.ndarray, cfg: WindowConfig) -> dict[str, np.ndarray]:
-    """Assign windows to splits by time; a window whose steps fall in two splits is dropped."""
-    times = ds[TIME].values
-    first = times[anchors - (cfg.history - 1)]
-    last = times[anchors + cfg.lead_steps]
-    if any((cfg.train_range, cfg.val_range, cfg.test_range)):
-        # Explicit ranges: a split without one is empty. Ranges are inclusive, so they may not touch:
-        # a shared end point would be a training target and a validation input at once.
-        ranges = {s: parse_range(getattr(cfg, f"{s}_range"), f"data.{s}_range")
-                  for s in SPLITS if getattr(cfg, f"{s}_range")}
-        named = list(ranges.items())
-        for i, (s1, (a1, b1)) in enumerate(named):
-            for s2, (a2, b2) in named[i + 1:]:
-                if a1 <= b2 and a2 <= b1:
-                    raise ConfigError(f"data.{s1}_range and data.{s2}_range overlap; splits must be disjoint in time")
-    else:
-        edges = np.cumsum([0.0, *cfg.split_fractions])
-        idx = np.clip(np.round(edges * (times.size - 1)).astype(int), 0, times.size - 1)
-        ranges = {}
-        for i, s in enumerate(SPLITS):
-            lo = times[idx[i]] if i == 0 else times[idx[i]] + np.timedelta64(1, "ns")
-            ranges[s] = (lo, times[idx[i + 1]])
-    out = {}
-    for s in SPLITS:
-        if s not in ranges:
-            out[s] = np.zeros(0, dtype=np.int64)
-            continue
-        lo, hi = ranges[s]
-        out[s] = anchors[(first >= lo) & (last <= hi)]
-    return out
-
-
 _OPEN: dict[str, xr.Dataset] = {}
-
-
-def rollout_anchors(ds: xr.Dataset, anchors: np.ndarray, spec: WindowSpec, steps: int) -> np.ndarray:
-    """Those of `anchors` (sorted, unique) with their history and truth at every one of `steps` leads in `ds`."""
-    ok = valid_anchors(ds, spec.history, steps * spec.lead_steps)
-    return np.intersect1d(anchors, ok)
-
-
-def choose_inits(ds: xr.Dataset, spec: WindowSpec, test: np.ndarray, inits: str, steps: int,
-                 store: str) -> np.ndarray:
-    """Store time indices (anchors: the last input step) of the inits a forecast starts from: with `inits`
-    "start/end" (inclusive) every time in that range with its history in the store (its truth need not be),
-    with "" the `test` split's anchors with truth `steps` steps ahead. DataError when there is none."""
-    times = ds[TIME].values
-    if not inits:
-        anchors = rollout_anchors(ds, np.sort(test), spec, steps)
-        if len(anchors) == 0:
-            raise DataError(f"store {store}: the test split has no init with truth {steps} step(s) ahead; "
-                            "give inits=start/end")
-        return anchors
-    lo, hi = parse_range(inits, "inits")
-    ok = valid_anchors(ds, spec.history, 0)  # the history is in the store; the truth need not be
-    anchors = ok[(times[ok] >= lo) & (times[ok] <= hi)]
-    if len(anchors) == 0:
-        first, last = (str(times[ok[i]])[:19] if len(ok) else "-" for i in (0, -1))
-        raise DataError(f"inits={inits}: no init in store {store} (inits with {spec.history} step(s) "
-                        f"of history run from {first} to {last})")
-    return anchors
 
 
 def open_lazy(store: str) -> xr.Dataset:
@@ -297,46 +199,76 @@ class WindowReader:
         return {LAT: slice(*self.spec.fit.rows), LON: slice(*self.spec.fit.cols)}
 
     def _read(self, chs: list[Channel], idx: np.ndarray) -> np.ndarray:
-        """(n, C, h, w) float32 on the model grid. One read per variable for all its levels: a chunk holds
-        every level of a step (ERA5, WeatherBench 2, ARCO), so a read per channel would fetch and decode
-        each chunk once per level (13x at 13 levels)."""
+        """(n, C, h, w) float32 on the model grid at the sorted, unique time indices `idx`.
+
+        One read per variable for all its levels: a chunk holds every level of a step (ERA5, WeatherBench 2,
+        ARCO), so a read per channel would fetch and decode each chunk once per level (13x at 13 levels).
+        Consecutive steps and levels are read as slices (zarr's basic indexing, no index arrays)."""
         ds = self._open()
         out = np.empty((len(idx), len(chs), *self.spec.kept_grid), dtype=np.float32)
         by_var: dict[str, list[int]] = {}
         for i, ch in enumerate(chs):
             by_var.setdefault(ch.variable, []).append(i)
+        times = _as_slice(idx)
         for name, where in by_var.items():
-            da = ds[name]
-            sel = {TIME: idx, **self._kept()}
+            sel = {TIME: times, **self._kept()}
+            rows = _as_slice(np.asarray(where))
             if chs[where[0]].level is not None:
                 levels = ds[LEVEL].values
-                sel[LEVEL] = [int(np.nonzero(levels == chs[i].level)[0][0]) for i in where]
-                values = da.isel(sel).transpose(TIME, LEVEL, ...).values
+                sel[LEVEL] = _as_slice(np.array([np.nonzero(levels == chs[i].level)[0][0] for i in where]))
+                out[:, rows] = ds[name].isel(sel).transpose(TIME, LEVEL, ...).values
             else:
-                values = da.isel(sel).values[:, None]
-            out[:, where] = values
+                out[:, rows] = ds[name].isel(sel).values[:, None]
         return self.spec.pad(out)
 
-    def _states(self, anchors: np.ndarray) -> np.ndarray:
-        """(b, H, V_in, h, w) input states in physical units."""
+    def _steps(self, anchors: np.ndarray, targets: bool) -> tuple[np.ndarray, np.ndarray]:
+        """(sorted unique time indices, (b, H [+1]) position of each window's steps among them): a step that
+        several windows of the batch share -- history, or one window's target and the next one's input -- is
+        read once."""
         s = self.spec
-        in_idx = (anchors[:, None] + np.arange(-(s.history - 1), 1)[None, :]).ravel()
-        uniq, inv = np.unique(in_idx, return_inverse=True)
-        states = self._read(s.inputs, uniq)[inv]
-        return states.reshape(len(anchors), s.history, len(s.inputs), *states.shape[-2:])
+        offsets = np.arange(-(s.history - 1), 1)
+        if targets:
+            offsets = np.append(offsets, s.lead_steps)
+        uniq, inv = np.unique(anchors[:, None] + offsets[None, :], return_inverse=True)
+        return uniq, inv.reshape(len(anchors), len(offsets))
 
-    def _normalise_inputs(self, states: np.ndarray) -> np.ndarray:
+    def _normalised_inputs(self, states: np.ndarray, pos: np.ndarray) -> np.ndarray:
+        """x from the physical input states at the batch's steps: normalised in place, then each history
+        step's channels gathered straight into their slice of x (no stacked copy, no concatenation)."""
         s = self.spec
-        x = (states - s.in_mean[None, None, :, None, None]) / s.in_std[None, None, :, None, None]
-        x = x.reshape(len(states), -1, *x.shape[-2:])
+        np.subtract(states, s.in_mean[None, :, None, None], out=states)
+        np.divide(states, s.in_std[None, :, None, None], out=states)
+        v, b = len(s.inputs), len(pos)
+        x = np.empty((b, s.n_in_channels, *states.shape[-2:]), dtype=np.float32)
+        for i, steps in enumerate(pos):  # one contiguous block copy per (window, step): 3x np.take's speed
+            for k in range(s.history):
+                x[i, k * v:(k + 1) * v] = states[steps[k]]
         if self._const is not None:
-            x = np.concatenate([x, np.broadcast_to(self._const, (len(states), *self._const.shape))], axis=1)
+            x[:, s.history * v:] = self._const
         return x
 
-    def _check_finite(self, anchors: np.ndarray, *arrays: np.ndarray) -> None:
-        ok = np.ones(len(anchors), dtype=bool)
-        for a in arrays:
-            ok &= np.isfinite(a).all(axis=(1, 2, 3))
+    def _target(self, states: np.ndarray, pos: np.ndarray) -> np.ndarray:
+        """(b, V_out, h, w) physical target from the batch's states (the tendency from step t when residual),
+        window by window: contiguous copies, no fancy-indexed temporaries."""
+        s = self.spec
+        chans = s.target_in_input
+        whole = chans == list(range(len(s.inputs)))
+        y = np.empty((len(pos), len(chans), *states.shape[-2:]), dtype=np.float32)
+        for i, steps in enumerate(pos):
+            y[i] = states[steps[-1]] if whole else states[steps[-1], chans]
+            if s.residual:
+                y[i] -= states[steps[s.history - 1]] if whole else states[steps[s.history - 1], chans]
+        return y
+
+    def _check_finite(self, anchors: np.ndarray, states: np.ndarray, pos: np.ndarray,
+                      y: np.ndarray | None = None) -> None:
+        """Every window's input steps (checked once per step), the constant fields and `y` finite."""
+        step_ok = np.isfinite(states).all(axis=(1, 2, 3))
+        ok = step_ok[pos[:, :self.spec.history]].all(axis=1)
+        if self._const is not None and not np.isfinite(self._const).all():
+            ok[:] = False
+        if y is not None:
+            ok &= np.isfinite(y).all(axis=(1, 2, 3))
         if not ok.all():
             raise DataError(f"store {self.spec.store}: NaN/inf in windows with anchors {anchors[~ok][:5].tolist()}; "
                             "training and forecasts need complete fields")
@@ -345,22 +277,33 @@ class WindowReader:
         """x alone, for forecasts from initialisations whose target is not (yet) in the store."""
         anchors = np.asarray(anchors, dtype=np.int64)
         self._open()
-        x = self._normalise_inputs(self._states(anchors))
-        self._check_finite(anchors, x)
-        return np.ascontiguousarray(x, dtype=np.float32)
+        steps, pos = self._steps(anchors, targets=False)
+        states = self._read(self.spec.inputs, steps)
+        self._check_finite(anchors, states, pos)
+        return self._normalised_inputs(states, pos)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         s = self.spec
         anchors = np.asarray(batch["anchor"], dtype=np.int64)
         self._open()
-        states = self._states(anchors)
-        target = self._read(s.targets, anchors + s.lead_steps)
-        if s.residual:
-            target = target - states[:, -1][:, s.target_in_input]
-        y = (target - s.out_mean[None, :, None, None]) / s.out_std[None, :, None, None]
-        x = self._normalise_inputs(states)
-        self._check_finite(anchors, x, y)
-        return {"x": np.ascontiguousarray(x, dtype=np.float32), "y": y.astype(np.float32), "anchor": anchors}
+        steps, pos = self._steps(anchors, targets=True)
+        states = self._read(s.inputs, steps)  # physical, every step of the batch (the targets' too)
+        if all(i >= 0 for i in s.target_in_input):
+            y = self._target(states, pos)
+        else:  # a target the model does not read (residual=false): its own channels
+            t_steps, t_pos = np.unique(anchors + s.lead_steps, return_inverse=True)
+            y = self._read(s.targets, t_steps)[t_pos]
+        np.subtract(y, s.out_mean[None, :, None, None], out=y)
+        np.divide(y, s.out_std[None, :, None, None], out=y)
+        self._check_finite(anchors, states, pos, y)
+        return {"x": self._normalised_inputs(states, pos), "y": y, "anchor": anchors}
+
+
+def _as_slice(idx: np.ndarray) -> slice | np.ndarray:
+    """Sorted unique indices as a slice where they are consecutive (basic indexing), else as they are."""
+    if len(idx) and (np.diff(idx) == 1).all():
+        return slice(int(idx[0]), int(idx[-1]) + 1)
+    return idx
 
 
 def per_channel(values: np.ndarray, like):

@@ -3,7 +3,8 @@
 An obs dir holds `obs.yaml` (`streams.<name>`: kind, path, variables, levels, ...) and, for a point stream,
 a hive Parquet dataset `<path>/stream=<name>/day=YYYY-MM-DD/*.parquet` with columns time, station, latitude,
 longitude, [level], one per variable (NaN: not reported) and quality (0 good, 1 suspect, 2 bad). Read here
-with pyarrow and yaml directly (verification needs no windows), only the days of the wanted valid times.
+with pyarrow and yaml directly (verification needs no windows), only the days of the wanted valid times; the
+obs dir may be a URL (`wxray.data.location`: read in place through its fsspec filesystem).
 A station forecast row pairs with the observation of the same station, channel and valid time
 init_time + lead_time exactly, when its quality <= max_quality and its value is reported.
 """
@@ -16,6 +17,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from wxray.data import location
 from wxray.data.dims import INIT, LEAD
 from wxray.data.sources import first_line
 from wxray.errors import DataError
@@ -23,17 +25,18 @@ from wxray.errors import DataError
 POINT = "point"
 
 
-def point_stream(obs_dir: str | Path, stream: str) -> tuple[Path, dict[str, Any]]:
-    """(parquet dataset root, registry entry) of point stream `stream` in obs dir `obs_dir` (its obs.yaml)."""
+def point_stream(obs_dir: str | Path, stream: str) -> tuple[str, dict[str, Any]]:
+    """(parquet dataset root, registry entry) of point stream `stream` in obs dir `obs_dir` (its obs.yaml),
+    both at a path or a URL."""
     import yaml
 
-    reg_path = Path(obs_dir) / "obs.yaml"
-    if not Path(obs_dir).is_dir():
+    reg_path = location.join(obs_dir, "obs.yaml")
+    if not location.reachable(obs_dir, "obs dir"):
         raise DataError(f"obs dir {obs_dir} does not exist")
-    if not reg_path.is_file():
+    if not location.exists(reg_path):
         raise DataError(f"obs dir {obs_dir}: no obs.yaml (the stream registry)")
     try:
-        reg = yaml.safe_load(reg_path.read_text())
+        reg = yaml.safe_load(location.read_text(reg_path))
     except yaml.YAMLError as e:
         raise DataError(f"{reg_path}: not valid YAML ({str(e).splitlines()[0]})") from None
     streams = reg.get("streams") if isinstance(reg, dict) else None
@@ -45,9 +48,10 @@ def point_stream(obs_dir: str | Path, stream: str) -> tuple[Path, dict[str, Any]
     if not isinstance(info, dict) or info.get("kind") != POINT or not info.get("path"):
         raise DataError(f"{reg_path}: stream '{stream}' must be kind: point with a path "
                         f"(got kind {info.get('kind') if isinstance(info, dict) else info!r})")
-    root = Path(obs_dir) / str(info["path"])
-    if not (root / f"stream={stream}").is_dir():
-        raise DataError(f"{reg_path}: stream '{stream}' has no data under {root / f'stream={stream}'}")
+    root = location.join(obs_dir, str(info["path"]))
+    data = location.join(root, f"stream={stream}")
+    if not location.exists(data):
+        raise DataError(f"{reg_path}: stream '{stream}' has no data under {data}")
     return root, info
 
 
@@ -62,9 +66,10 @@ def read_station_truth(obs_dir: str | Path, stream: str, valid_times: np.ndarray
     root, info = point_stream(obs_dir, stream)
     variables = [str(v) for v in info.get("variables") or []]
     part = pads.partitioning(pa.schema([("stream", pa.string()), ("day", pa.string())]), flavor="hive")
-    where = f"stream '{stream}' of {Path(obs_dir) / 'obs.yaml'}"
+    where = f"stream '{stream}' of {location.join(obs_dir, 'obs.yaml')}"
+    fs, inside = location.arrow_filesystem(root)
     try:
-        data = pads.dataset(str(root), format="parquet", partitioning=part)
+        data = pads.dataset(inside, filesystem=fs, format="parquet", partitioning=part)
         cols = ["station", "time", "quality", *variables] + (["level"] if info.get("levels") else [])
         missing = [c for c in cols if c not in data.schema.names]
         if missing:
@@ -109,7 +114,7 @@ def pair_with_truth(forecasts: pd.DataFrame, obs_dir: str | Path, stream: str, w
     unknown = sorted(set(forecasts["variable"]) - set(have))
     if unknown:
         raise DataError(f"{what}: variable(s) {', '.join(unknown)} not observed by stream '{stream}' of "
-                        f"{Path(obs_dir) / 'obs.yaml'} (has: {', '.join(have) or 'none'})")
+                        f"{location.join(obs_dir, 'obs.yaml')} (has: {', '.join(have) or 'none'})")
     fc = forecasts.assign(valid_time=forecasts[INIT] + pd.to_timedelta(forecasts[LEAD], unit="h"))
     truth = read_station_truth(obs_dir, stream, fc["valid_time"].unique(), max_quality)
     paired = fc.merge(truth, on=["station", "valid_time", "variable"], how="inner")

@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
+from wxray.data import location
 from wxray.data.schema import GLOBAL, INIT, LAT, LEAD, LEVEL, LON, LON_360, grid_kind, wrap_longitudes
 from wxray.data.sources import first_line
 from wxray.errors import DataError
@@ -106,15 +107,16 @@ def bilinear_at_points(field: xr.DataArray, latitude, longitude, dim: str = "poi
 # ---------------------------------------------------------------- station forecasts
 
 def read_station_forecasts(path: str | Path, what: str = "stations") -> pd.DataFrame:
-    """A station forecast Parquet file (or dataset directory) as a DataFrame of `COLUMNS`, checked:
-    init_time datetime64[ns], lead_time int hours, one row per (init_time, lead_time, station, variable)."""
+    """A station forecast Parquet file (or dataset directory), at a path or a URL, as a DataFrame of `COLUMNS`,
+    checked: init_time datetime64[ns], lead_time int hours, one row per (init_time, lead_time, station, variable)."""
     import pyarrow.dataset as pads
 
-    p = Path(path)
-    if not p.exists():
+    p = str(path) if location.is_remote(path) else location.local_path(path)
+    if not location.reachable(p, what):
         raise DataError(f"{what} {p} does not exist")
+    fs, inside = location.arrow_filesystem(p)
     try:
-        table = pads.dataset(str(p), format="parquet").to_table()
+        table = pads.dataset(inside, filesystem=fs, format="parquet").to_table()
     except Exception as e:  # pyarrow raises several types for a file that is not Parquet
         raise DataError(f"{what} {p} cannot be read as Parquet ({first_line(e)})") from None
     missing = [c for c in COLUMNS if c not in table.column_names]

@@ -6,7 +6,8 @@
 
 The stream's grid is its own (a satellite's), not the model grid. One time step per chunk, metadata
 consolidated at the end (as the stores `wxray.data.writer` writes), so opening reads one JSON document.
-Callers write into a temporary path (`wxray.io.atomic_path`).
+Callers write into a temporary path (`wxray.io.atomic_path`). Readers take a path or a URL
+(`wxray.data.location`): a stream in object storage is read in place, chunk by chunk.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import numpy as np
 import xarray as xr
 import zarr
 
+from wxray.data import location
 from wxray.data.writer import TIME_ENCODING, clean_attrs
 from wxray.errors import DataError
 
@@ -49,15 +51,15 @@ def write_gridded(path: str | Path, times: np.ndarray, channels: list[str], lati
 
 
 def open_gridded(path: str | Path, where: str = "") -> xr.Dataset:
-    """The stream's dataset, lazily (no dask: indexing reads just the chunks asked for)."""
+    """The stream's dataset at a path or URL, lazily (no dask: indexing reads just the chunks asked for)."""
     where = where or f"gridded stream {path}"
-    p = Path(path)
-    if not p.exists():
+    p = str(path) if location.is_remote(path) else location.local_path(path)
+    if not location.reachable(p, f"{where}:"):
         raise DataError(f"{where}: {p} does not exist")
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)  # a store without consolidated metadata still opens
-            ds = xr.open_zarr(p, chunks=None)
+            ds = location.open_zarr(p, chunks=None, consolidated=None)  # one metadata read where consolidated
     except Exception as e:  # zarr raises many types for a foreign directory
         raise DataError(f"{where}: {p} is not a readable zarr store ({type(e).__name__}: {e})".splitlines()[0]) \
             from None
@@ -88,7 +90,7 @@ class GriddedSource:
     """A gridded stream opened once: its time axis in memory, its values read by time index on demand."""
 
     def __init__(self, path: str | Path, where: str = ""):
-        self.path = Path(path)
+        self.path = str(path)
         ds = open_gridded(path, where)
         self.times = np.asarray(ds["time"].values, dtype="datetime64[ns]")
         self._obs = ds[OBS].variable  # lazily indexed backend array

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
 from wxray.config import AnyFloat, InPath, NonNegFloat, NonNegInt, OutDir, PosFloat, PosInt, Range, Seed
+from wxray.data import location
 from wxray.data.obs.prepare import prepare_obs
 from wxray.data.obs.registry import check_name
 from wxray.data.obs.sample import make_sample_obs
@@ -29,6 +30,13 @@ def parse_swath_grid(grid: str) -> tuple[int, int]:
     return nlat, nlon
 
 
+def local_out(out: str) -> None:
+    """Obs dirs are written on a local (or shared) file system; jobs read them from a URL once copied up."""
+    if location.is_remote(out):
+        raise ConfigError(f"config key 'out' = {out}: obs dirs are written to a folder; write it locally, "
+                          "copy it up whole (e.g. aws s3 sync), then give its URL as obs_dir")
+
+
 @dataclass
 class SampleObsConfig(JobConfig):
     """`jobs/make_sample_obs.py store=<store> out=<obs dir> seed=<s>`"""
@@ -48,6 +56,7 @@ class SampleObsConfig(JobConfig):
 
     def validate(self) -> None:
         parse_swath_grid(self.swath_grid)
+        local_out(self.out)
 
 
 @dataclass
@@ -75,6 +84,7 @@ class PrepareObsConfig(JobConfig):
             raise ConfigError("config key 'source' is required (a .csv or .parquet station table)")
         if not self.out:
             raise ConfigError("config key 'out' is required (the obs dir to write into)")
+        local_out(self.out)
         if not self.stream:
             raise ConfigError("config key 'stream' is required (the name of the new stream)")
         check_name(self.stream, "config key 'stream'")

@@ -19,7 +19,10 @@ Rows of a file are sorted by (time, obs_id). A stream is written whole into a hi
 names starting with '.' or '_', so readers of the shared `points/` root never see half a stream.
 
 Reads go through `pyarrow.dataset` on one stream's directory with `day` as the (string) hive partition: a
-filter on `day` prunes whole directories, one on `time`/`quality` is pushed into the Parquet scan.
+filter on `day` prunes whole directories, one on `time`/`quality` is pushed into the Parquet scan. The
+directory may be a URL (`s3://bucket/obs/points/stream=<name>`): pyarrow then reads through the fsspec
+filesystem of `wxray.data.location` (its endpoint, credentials and retries), fetching only the files and
+row groups the filters leave.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 
+from wxray.data import location
 from wxray.data.dims import LAT, LEVEL, LON, TIME
 from wxray.errors import DataError
 from wxray.io import atomic_path
@@ -97,12 +101,13 @@ def write_point_stream(obs_dir: str | Path, root: str, name: str, table: pa.Tabl
 
 
 def open_point_dataset(path: str | Path) -> pads.Dataset:
-    """One stream's directory as a dataset with the `day` partition (string)."""
-    p = Path(path)
-    if not p.is_dir():
+    """One stream's directory (a path or a URL) as a dataset with the `day` partition (string)."""
+    p = str(path) if location.is_remote(path) else location.local_path(path)
+    if not location.reachable(p, "point stream") or not location.is_dir(p):
         raise DataError(f"point stream {p} does not exist")
+    fs, inside = location.arrow_filesystem(p)
     try:
-        return pads.dataset(p, format="parquet", partitioning=DAY_PARTITIONING)
+        return pads.dataset(inside, filesystem=fs, format="parquet", partitioning=DAY_PARTITIONING)
     except (pa.ArrowException, OSError) as e:
         raise DataError(f"point stream {p} is not a readable Parquet dataset ({str(e).splitlines()[0]})") from None
 

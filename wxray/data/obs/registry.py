@@ -21,6 +21,9 @@ Channels of a stream (`StreamInfo.channels`): a point stream without levels has 
 `f"{var}_{level}"` variable-major; a gridded stream its variables (the zarr's `channel` coordinate). Every
 key is checked when the registry is opened: anything malformed is a one-line DataError naming obs.yaml and
 the key. A gridded stream's grid (latitude, longitude) is read from its zarr then, so `StreamInfo` carries it.
+
+An obs dir is a local path or an fsspec URL (`s3://bucket/obs`, `wxray.data.location`), read in place; one in
+object storage is read-only (jobs write obs dirs locally, to be copied up whole).
 """
 
 from __future__ import annotations
@@ -35,7 +38,9 @@ import numpy as np
 import pandas as pd
 import yaml
 
+from wxray.data import location
 from wxray.data.obs.gridded import read_grid
+from wxray.data.obs.points import STREAM
 from wxray.errors import ConfigError, DataError
 from wxray.io import write_text
 
@@ -83,10 +88,10 @@ class StreamInfo:
         std = np.repeat([self.std[v] for v in self.variables], per).astype(np.float32)
         return mean, std
 
-    def data_path(self, obs_dir: str | Path) -> Path:
-        """The stream's own data: its hive directory (point) or its zarr (gridded)."""
-        root = Path(obs_dir) / self.path
-        return root / f"stream={self.name}" if self.kind == POINT else root
+    def data_path(self, obs_dir: str | Path) -> str:
+        """The stream's own data: its hive directory (point) or its zarr (gridded); a URL in a URL obs dir."""
+        root = location.join(obs_dir, self.path)
+        return location.join(root, f"{STREAM}={self.name}") if self.kind == POINT else root
 
     def to_yaml(self) -> dict[str, Any]:
         return {"kind": self.kind, "path": self.path, "variables": list(self.variables),
@@ -99,7 +104,7 @@ class StreamInfo:
 
 @dataclass
 class Registry:
-    obs_dir: Path
+    obs_dir: str  # `obs_root`: a URL as given, a local path as Path spells it
     streams: dict[str, StreamInfo]  # in registry order
     source_store: str = ""
     version: int = VERSION
@@ -112,7 +117,7 @@ class Registry:
         """The named streams in registry order (all for an empty selection); an unknown name is a ConfigError."""
         for n in names:
             if n not in self.streams:
-                raise ConfigError(f"stream '{n}' is not in {self.obs_dir / REGISTRY} "
+                raise ConfigError(f"stream '{n}' is not in {location.join(self.obs_dir, REGISTRY)} "
                                   f"(streams: {', '.join(self.streams) or 'none'})")
         return [s for n, s in self.streams.items() if not names or n in names]
 
@@ -122,13 +127,25 @@ class Registry:
         return yaml.safe_dump(doc, sort_keys=False, width=120)
 
 
+def obs_root(obs_dir: str | Path) -> str:
+    """An obs dir as registries and specs keep it: a URL as given (Path would make `s3://a/b` `s3:/a/b`), a
+    local path (`file://` stripped) as Path spells it."""
+    if location.is_remote(obs_dir):
+        return str(obs_dir).rstrip("/")
+    return str(location.local_path(obs_dir))
+
+
 def write_registry(reg: Registry, obs_dir: str | Path | None = None) -> Path:
-    """Write `obs.yaml` atomically (into `obs_dir`, default the registry's own)."""
-    return write_text(Path(obs_dir or reg.obs_dir) / REGISTRY, reg.to_yaml())
+    """Write `obs.yaml` atomically (into `obs_dir`, default the registry's own); local obs dirs only."""
+    target = obs_dir or reg.obs_dir
+    if location.is_remote(target):
+        raise ConfigError(f"obs dir {target}: obs dirs in object storage are read-only (write it locally, "
+                          "then copy it up whole)")
+    return write_text(location.local_path(target) / REGISTRY, reg.to_yaml())
 
 
 def empty_registry(obs_dir: str | Path, source_store: str = "") -> Registry:
-    return Registry(Path(obs_dir), {}, source_store=source_store)
+    return Registry(obs_root(obs_dir), {}, source_store=source_store)
 
 
 def check_name(name: str, where: str) -> str:
@@ -139,13 +156,14 @@ def check_name(name: str, where: str) -> str:
 
 
 def open_registry(obs_dir: str | Path) -> Registry:
-    """Read and check `obs_dir/obs.yaml` (gridded streams' grids are read from their zarr)."""
-    obs_dir = Path(obs_dir)
-    f = obs_dir / REGISTRY
-    if not f.is_file():
+    """Read and check `obs_dir/obs.yaml`, at a path or a URL (gridded streams' grids are read from their zarr).
+    An unreachable endpoint or refused credentials are one-line DataErrors naming the file."""
+    obs_dir = obs_root(obs_dir)
+    f = location.join(obs_dir, REGISTRY)
+    if not location.reachable(f, "obs dir registry"):
         raise DataError(f"{f} does not exist (make an obs dir with jobs/make_sample_obs.py or jobs/prepare_obs.py)")
     try:
-        doc = yaml.safe_load(f.read_text())
+        doc = yaml.safe_load(location.read_text(f))
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
         line = getattr(getattr(e, "problem_mark", None), "line", None)
         where = f" (line {line + 1})" if line is not None else ""
@@ -166,14 +184,14 @@ def open_registry(obs_dir: str | Path) -> Registry:
     streams = {}
     for name, entry in raw.items():
         try:
-            check_name(name, str(f))
+            check_name(name, f)
         except ConfigError as e:
             raise DataError(str(e)) from None
-        streams[name] = _stream(f, name, entry)
+        streams[name] = _stream(f, obs_dir, name, entry)
     return Registry(obs_dir, streams, source_store=source, version=VERSION)
 
 
-def _stream(f: Path, name: str, entry: Any) -> StreamInfo:
+def _stream(f: str, obs_dir: str, name: str, entry: Any) -> StreamInfo:
     key = f"streams.{name}"
 
     def bad(sub: str, expected: str, got: Any) -> DataError:
@@ -227,8 +245,8 @@ def _stream(f: Path, name: str, entry: Any) -> StreamInfo:
         raise bad("description", "a string", desc)
     info = StreamInfo(name=name, kind=kind, path=path, variables=list(variables), levels=list(levels),
                       mean=stats["mean"], std=stats["std"], noise=stats["noise"], max_per_step=mps, description=desc)
-    data = info.data_path(f.parent)
-    if not data.exists():
+    data = info.data_path(obs_dir)
+    if not location.exists(data):
         raise DataError(f"{f}: stream '{name}' has no data at {data}")
     if kind == GRIDDED:
         info.latitude, info.longitude = read_grid(data, variables, f"{f}: stream '{name}'")
@@ -261,5 +279,5 @@ def make_obs_spec(obs_dir: str | Path, step: Any, window_steps: int = 1, streams
         raise ConfigError(f"obs window: window_steps must be an integer >= 1, got {window_steps!r}")
     if max_quality not in (0, 1, 2):
         raise ConfigError(f"obs window: max_quality must be 0, 1 or 2, got {max_quality!r}")
-    return ObsSpec(obs_dir=str(Path(obs_dir)), streams=reg.select(tuple(streams)), step=step,
+    return ObsSpec(obs_dir=reg.obs_dir, streams=reg.select(tuple(streams)), step=step,
                    window_steps=int(window_steps), max_quality=int(max_quality))

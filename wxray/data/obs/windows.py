@@ -28,8 +28,6 @@ DataError, never a silent truncation.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pyarrow.dataset as pads
 
@@ -100,7 +98,7 @@ class ObsWindowReader:
                 z = np.searchsorted(r_time, hi[i], side="right")
                 k = z - a
                 if k > n:
-                    raise DataError(f"stream '{s.name}' of {Path(self.spec.obs_dir)}: {k} reports in the window "
+                    raise DataError(f"stream '{s.name}' of {self.spec.obs_dir}: {k} reports in the window "
                                     f"ending {hi[i]}, more than window_steps * max_per_step = {n} (obs.yaml's "
                                     f"max_per_step is too small)")
                 coords[i, :k] = r_coords[a:z]
@@ -149,7 +147,7 @@ class ObsWindowReader:
     def _gridded(self, s: StreamInfo, lo: np.ndarray, hi: np.ndarray) -> dict[str, np.ndarray]:
         if s.name not in self._grids:
             self._grids[s.name] = GriddedSource(s.data_path(self.spec.obs_dir),
-                                                f"stream '{s.name}' of {Path(self.spec.obs_dir)}")
+                                                f"stream '{s.name}' of {self.spec.obs_dir}")
         src = self._grids[s.name]
         b, c, h, w = len(lo), s.n_channels, len(s.latitude), len(s.longitude)
         values = np.zeros((b, c, h, w), np.float32)

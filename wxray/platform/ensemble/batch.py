@@ -29,9 +29,9 @@ from typing import Annotated, Any, Literal
 import numpy as np
 
 from wxray.config import InPath, NonNegFloat, NonNegInt, PosFloat, PosInt, Range, RunsDir, Seed
+from wxray.data.anchors import choose_inits, parse_range, rollout_anchors
 from wxray.data.e2e_windows import E2EReader
 from wxray.data.schema import TIME, open_store, time_step
-from wxray.data.windows import choose_inits, parse_range, rollout_anchors
 from wxray.errors import ConfigError
 from wxray.job import JobConfig, JobContext, say
 from wxray.platform.cluster.session import ensure_ray

@@ -10,11 +10,11 @@ from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
-import pyarrow.dataset as pads
 import torch
 
 from wxray.config_yaml import load_yaml
 from wxray.data.e2e_windows import E2EData, prepare_e2e
+from wxray.data.obs.points import open_point_dataset
 from wxray.errors import CheckpointError, ConfigError
 from wxray.job import recorded_path, say
 from wxray.models import StochasticEncoder
@@ -126,9 +126,9 @@ def load_stochastic(stages: Path, tcfg: TrainE2EConfig, data: E2EData, members_m
 
 
 def station_table(data: E2EData) -> pd.DataFrame:
-    """Every station of the station stream with its (last reported) position."""
+    """Every station of the station stream with its (last reported) position (read where the obs dir is: a
+    path or a URL)."""
     s = next(s for s in data.obs.streams if s.name == data.station_stream)
     columns = ["station", "latitude", "longitude"] + (["altitude"] if data.station_altitude else [])
-    t = pads.dataset(s.data_path(data.obs.obs_dir), format="parquet", partitioning="hive").to_table(
-        columns=columns).to_pandas()
+    t = open_point_dataset(s.data_path(data.obs.obs_dir)).to_table(columns=columns).to_pandas()
     return t.drop_duplicates("station", keep="last").sort_values("station").reset_index(drop=True)

@@ -35,17 +35,10 @@ import xarray as xr
 from wxray.config import InPath, PosInt, RunsDir, Seed, from_dict
 from wxray.config_yaml import load_yaml
 from wxray.data import location
+from wxray.data.anchors import choose_inits, parse_range, split_anchors, valid_anchors
 from wxray.data.schema import TIME, Stats, open_stats, open_store
 from wxray.data.window_data import DataConfig
-from wxray.data.windows import (
-    WindowSpec,
-    choose_inits,
-    fit_spec,
-    make_spec,
-    parse_range,
-    split_anchors,
-    valid_anchors,
-)
+from wxray.data.windows import WindowSpec, fit_spec, make_spec
 from wxray.errors import CheckpointError, ConfigError
 from wxray.job import JobConfig, JobContext, recorded_path
 from wxray.models.registry import ModelConfig, SamplerConfig, channel_signature

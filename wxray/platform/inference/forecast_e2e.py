@@ -28,9 +28,9 @@ import pandas as pd
 import torch
 
 from wxray.config import InPath, PosInt, Range, RunsDir, Seed
+from wxray.data.anchors import choose_inits, parse_range, rollout_anchors
 from wxray.data.e2e_windows import E2EData, E2EReader
 from wxray.data.schema import INIT, LEAD, TIME, open_climatology, open_store
-from wxray.data.windows import choose_inits, parse_range, rollout_anchors
 from wxray.io import atomic_path
 from wxray.job import JobConfig, JobContext, say
 from wxray.models import RowGenerators

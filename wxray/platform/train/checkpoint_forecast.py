@@ -21,8 +21,9 @@ import numpy as np
 import torch
 import xarray as xr
 
+from wxray.data.anchors import rollout_anchors
 from wxray.data.schema import INIT, TIME, open_climatology
-from wxray.data.windows import WindowSpec, rollout_anchors
+from wxray.data.windows import WindowSpec
 from wxray.errors import ConfigError
 from wxray.models.registry import ModelConfig, SamplerConfig, as_forecaster, build_forecaster, model_identity
 from wxray.platform.train import checkpoints

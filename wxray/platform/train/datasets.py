@@ -20,9 +20,10 @@ from typing import Any
 
 import numpy as np
 
+from wxray.data.anchors import SPLITS
 from wxray.data.e2e_windows import E2EData, E2EReader, ObsDataConfig
 from wxray.data.window_data import DataConfig, WindowData, prepare_windows
-from wxray.data.windows import SPLITS, WindowReader, WindowSpec
+from wxray.data.windows import WindowReader, WindowSpec
 
 
 def window_dataset(spec: WindowSpec, anchors: np.ndarray, read_batch_size: int = 4,

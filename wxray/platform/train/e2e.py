@@ -13,6 +13,7 @@ from typing import Any
 
 from wxray.config import from_dict
 from wxray.config_yaml import load_yaml
+from wxray.data import location
 from wxray.data.e2e_windows import E2EData, E2EReader, prepare_e2e
 from wxray.data.obs.windows import check_reports
 from wxray.data.schema import TIME
@@ -116,7 +117,8 @@ def fit_stage(cfg, data: E2EData, ctx: JobContext, identity: dict, task: Task, o
     example = E2EReader(data.spec, data.obs)({"anchor": data.windows.anchors["train"][:1]})
     trainer.start_cluster(cfg)
     ctx.provenance["store"] = store_fingerprint(data.spec.store)
-    paths = {s.name: str(Path(data.obs.obs_dir) / s.path) for s in data.obs.streams}
+    # a URL obs dir keeps its scheme (fingerprinted by its path, "unknown" hash: nothing is listed remotely)
+    paths = {s.name: location.join(data.obs.obs_dir, s.path) for s in data.obs.streams}
     hashed = {p: stream_fingerprint(p) for p in set(paths.values())}  # point streams share one dataset
     ctx.provenance["obs_streams"] = {name: hashed[p] for name, p in paths.items()}
     ctx.start()

@@ -16,9 +16,9 @@ from typing import Any
 
 import numpy as np
 
+from wxray.data.anchors import rollout_anchors
 from wxray.data.schema import INIT, LAT, LEAD, LON, TIME, open_store
 from wxray.data.window_data import WindowData
-from wxray.data.windows import rollout_anchors
 from wxray.io import atomic_path
 from wxray.job import JobContext, say
 from wxray.platform.train.checkpoint_forecast import forecast_and_score, load_forecaster
