@@ -79,6 +79,7 @@ class JobConfig:
     run_name: str = ""  # MLflow run name; "" = <what the run is>-<out_dir name>
     out_dir_reuse: bool = False  # write into an out_dir that holds other files and is not a wxray run directory
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    anonymous: bool = False  # read s3:// and gs:// URLs without credentials (public buckets: WeatherBench 2, ARCO)
 
     experiment = "wxray"  # the job's MLflow experiment when tracking.experiment is "" (class attribute)
     columns: ClassVar[tuple[str, ...]] = ()  # metrics (fnmatch patterns) the MLflow UI's runs table shows
@@ -276,6 +277,8 @@ def usage(job: str, cfg_cls: type, doc: str | None = None) -> str:
 def prepare(job: str, cfg_cls: type[C], argv: list[str]) -> C:
     """Load, resolve and check a job config (everything that can fail before any work starts)."""
     cfg = load_config(cfg_cls, argv)
+    if cfg.anonymous:  # before anything is read, and before Ray starts: its workers inherit it
+        location.read_anonymously()
     resolve_paths(cfg, resolve_path)
     if not cfg.out_dir:
         cfg.out_dir = str(resolve_path(default_out_dir(job)))

@@ -375,22 +375,61 @@ def test_a_store_in_a_bucket_forecasts_as_the_same_store_on_disk(store, s3_serve
         assert rc == 0, err
         got[where] = xr.open_zarr(res["forecast"]).geopotential.load()
     xr.testing.assert_identical(got["s3"], got["local"])
-    # jobs/evaluate.py: the truth in the bucket scores the forecast as the truth on disk does
+    # jobs/evaluate.py: the truth and a baseline in the bucket score the forecast as they do on disk
     fs.put(res["forecast"], "forecast/fc.zarr", recursive=True)
+    baseline = tmp_path / "baseline.zarr"
+    with xr.open_zarr(res["forecast"]) as fc:
+        shifted = fc + 10.0
+        for v in shifted.variables.values():
+            v.encoding = {}  # the forecast's own codecs are zarr v2's
+        shifted.to_zarr(baseline, zarr_format=3, consolidated=False)
+    fs.put(str(baseline), "forecast/baseline.zarr", recursive=True)
     cards = {}
-    for where, truth, fc in (("local", str(store), res["forecast"]),
-                             ("s3", "s3://forecast/odd.zarr", "s3://forecast/fc.zarr")):
+    for where, truth, fc, base in (("local", str(store), res["forecast"], str(baseline)),
+                                   ("s3", "s3://forecast/odd.zarr", "s3://forecast/fc.zarr",
+                                    "s3://forecast/baseline.zarr")):
         rc, cards[where], err = _run(capsys, "evaluate", EvaluateConfig, evaluate,
-                                     [f"forecast={fc}", f"truth={truth}", "regrid=true", "n_bootstrap=100",
-                                      "plots=false", f"out_dir={tmp_path / ('ev_' + where)}",
+                                     [f"forecast={fc}", f"truth={truth}", f"baseline={base}", "regrid=true",
+                                      "n_bootstrap=100", "plots=false", f"out_dir={tmp_path / ('ev_' + where)}",
                                       "tracking.enabled=false"])
         assert rc == 0, err
-    scores = [k for k in cards["local"] if k.startswith(("rmse.", "acc."))]
+    scores = [k for k in cards["local"] if k.startswith(("rmse.", "acc.", "baseline.", "rel_diff.", "n_significant"))]
+    assert any(k.startswith("baseline.") for k in scores), scores
     assert scores and all(cards["s3"][k] == cards["local"][k] for k in scores), scores
     rc, _, err = _run(capsys, "evaluate", EvaluateConfig, evaluate,
                       ["forecast=s3://forecast/none.zarr", f"truth={store}", "tracking.enabled=false",
                        f"out_dir={tmp_path / 'ev_bad'}"])
     assert rc == 2 and "forecast s3://forecast/none.zarr does not exist" in err and not (tmp_path / "ev_bad").exists()
+
+
+def test_anonymous_reads_a_public_bucket_without_credentials(store, s3_server, tmp_path, capsys, monkeypatch):
+    """`anonymous=true`: a public bucket (WeatherBench 2, ARCO) is read with no credentials anywhere; a private
+    one is then refused in one line naming the URL, with nothing written."""
+    from wxray.data import location
+
+    fs, _ = location.filesystem("s3://public-era5")
+    fs.mkdir("public-era5", acl="public-read")
+    fs.put(str(store), "public-era5/odd.zarr", recursive=True)
+    fs.mkdir("private-era5")
+    fs.put(str(store), "private-era5/odd.zarr", recursive=True)
+    ckpt, _, _ = _save_checkpoint(tmp_path / "ckpt", store, "crop")
+    monkeypatch.setenv(location.ANONYMOUS_ENV, "")  # restored after the test: the job sets it
+    for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(var)
+    got = {}
+    for where, src in (("local", str(store)), ("public", "s3://public-era5/odd.zarr")):
+        rc, res, err = _run(capsys, "forecast", ForecastConfig, forecast,
+                            [f"checkpoint={ckpt}", f"store={src}", f"out_dir={tmp_path / where}", "anonymous=true",
+                             "tracking.enabled=false", "steps=2", f"inits={TRAJECTORY_1}"])
+        assert rc == 0, err
+        got[where] = xr.open_zarr(res["forecast"]).geopotential.load()
+    xr.testing.assert_identical(got["public"], got["local"])
+    assert location.storage_options("s3://x")["anon"] is True
+    rc, _, err = _run(capsys, "forecast", ForecastConfig, forecast,
+                      [f"checkpoint={ckpt}", "store=s3://private-era5/odd.zarr", f"out_dir={tmp_path / 'private'}",
+                       "anonymous=true", "tracking.enabled=false", "steps=2"])
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and "s3://private-era5/odd.zarr" in err, err
+    assert not (tmp_path / "private").exists()
 
 
 def test_a_project_moved_whole_forecasts_from_its_store_there_and_records_it(store, tmp_path, capsys, monkeypatch):

@@ -4,7 +4,7 @@ Every key that names a store may be a URL. Remote stores are read lazily through
 asks for the chunks it needs and nothing is copied. Credentials come only from the standard chains -- the
 environment (`AWS_ACCESS_KEY_ID`, `AWS_ENDPOINT_URL`, `GOOGLE_APPLICATION_CREDENTIALS`), `~/.aws`, an
 instance role -- never from a config value, which would reach MLflow params. Public buckets (WeatherBench 2,
-ARCO-ERA5) are read without credentials when `WXRAY_ANONYMOUS=1`.
+ARCO-ERA5) are read without credentials with `anonymous=true` (any job) or `WXRAY_ANONYMOUS=1`.
 
 The invariant: `exists`, `open_zarr` and `join` take the same strings for local paths and URLs, so a caller
 never branches on where a store is.
@@ -26,6 +26,20 @@ from wxray.errors import ConfigError, DataError
 
 ANONYMOUS_ENV = "WXRAY_ANONYMOUS"
 REMOTE_SCHEMES = ("s3", "gs", "gcs", "memory")
+# Where and how to reach object storage, never who: what every Ray worker needs to read as the driver does.
+# Credentials stay with each node's own chain (a job's runtime env would show them in the Ray dashboard).
+SETTINGS_ENV = (ANONYMOUS_ENV, "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_DEFAULT_REGION", "AWS_REGION")
+
+
+def read_anonymously() -> None:
+    """Read public buckets without credentials from here on, in this process and the Ray workers it starts
+    (`session.ensure_ray` forwards SETTINGS_ENV): the `anonymous=true` key of every job."""
+    os.environ[ANONYMOUS_ENV] = "1"
+
+
+def settings_env() -> dict[str, str]:
+    """The storage settings of SETTINGS_ENV set in this process."""
+    return {k: os.environ[k] for k in SETTINGS_ENV if os.environ.get(k)}
 
 
 def scheme(location: str | os.PathLike) -> str:

@@ -3,6 +3,7 @@ local one, with Ray's own chatter kept off the console."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
@@ -10,8 +11,11 @@ import time
 
 import ray
 
+from wxray.data import location
 from wxray.errors import ConfigError
 from wxray.job import verbose
+
+JOB_CONFIG_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"  # the submitted job's config, runtime env included (Ray's name)
 
 
 def _quiet_ray() -> None:
@@ -42,6 +46,18 @@ def _reachable(address: str, timeout_s: float) -> None:
             time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
 
 
+def worker_env() -> dict[str, str]:
+    """The storage settings (`location.settings_env`) the Ray workers get through the job's runtime env, so
+    that every node reads URLs as the driver does; under `ray job submit`, less those the submitted runtime
+    env sets itself (Ray refuses a key set twice)."""
+    env = location.settings_env()
+    try:
+        submitted = json.loads(os.environ.get(JOB_CONFIG_ENV, "{}")).get("runtime_env") or {}
+    except (ValueError, AttributeError):
+        submitted = {}
+    return {k: v for k, v in env.items() if k not in (submitted.get("env_vars") or {})}
+
+
 def ensure_ray(address: str = "", num_cpus: int | None = None, timeout_s: float = 60.0) -> None:
     """Connect to a running cluster (address, or RAY_ADDRESS under `ray job submit`) or start a local one.
 
@@ -56,6 +72,9 @@ def ensure_ray(address: str = "", num_cpus: int | None = None, timeout_s: float 
     if not loud:
         _quiet_ray()
     kwargs: dict = {"log_to_driver": loud, "configure_logging": loud}
+    env = worker_env()
+    if env:
+        kwargs["runtime_env"] = {"env_vars": env}
     env_address = os.environ.get("RAY_ADDRESS", "")
     target = address or env_address
     if target not in ("", "auto", "local"):  # Ray's own keywords: nothing to probe
