@@ -57,6 +57,14 @@ def local_path(location: str | os.PathLike) -> Path:
     return Path(text[len("file://"):] if text.startswith("file://") else text)
 
 
+def spelled(location: str | os.PathLike) -> str:
+    """A location as messages and registries keep it: a URL as given, less a trailing '/' (Path would make
+    `s3://a/b` `s3:/a/b`); a local path as Path spells it (`file://` stripped)."""
+    if is_remote(location):
+        return str(location).rstrip("/")
+    return str(local_path(location))
+
+
 def storage_options(location: str | os.PathLike) -> dict[str, Any]:
     """fsspec options for a location: anonymous access when asked for, else the library's credential chain;
     the S3 endpoint from `AWS_ENDPOINT_URL(_S3)`, passed explicitly rather than left to botocore's config."""

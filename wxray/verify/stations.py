@@ -111,7 +111,7 @@ def read_station_forecasts(path: str | Path, what: str = "stations") -> pd.DataF
     checked: init_time datetime64[ns], lead_time int hours, one row per (init_time, lead_time, station, variable)."""
     import pyarrow.dataset as pads
 
-    p = str(path) if location.is_remote(path) else location.local_path(path)
+    p = location.spelled(path)
     if not location.reachable(p, what):
         raise DataError(f"{what} {p} does not exist")
     fs, inside = location.arrow_filesystem(p)

@@ -53,7 +53,7 @@ def write_gridded(path: str | Path, times: np.ndarray, channels: list[str], lati
 def open_gridded(path: str | Path, where: str = "") -> xr.Dataset:
     """The stream's dataset at a path or URL, lazily (no dask: indexing reads just the chunks asked for)."""
     where = where or f"gridded stream {path}"
-    p = str(path) if location.is_remote(path) else location.local_path(path)
+    p = location.spelled(path)
     if not location.reachable(p, f"{where}:"):
         raise DataError(f"{where}: {p} does not exist")
     try:

@@ -102,7 +102,7 @@ def write_point_stream(obs_dir: str | Path, root: str, name: str, table: pa.Tabl
 
 def open_point_dataset(path: str | Path) -> pads.Dataset:
     """One stream's directory (a path or a URL) as a dataset with the `day` partition (string)."""
-    p = str(path) if location.is_remote(path) else location.local_path(path)
+    p = location.spelled(path)
     if not location.reachable(p, "point stream") or not location.is_dir(p):
         raise DataError(f"point stream {p} does not exist")
     fs, inside = location.arrow_filesystem(p)

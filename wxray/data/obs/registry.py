@@ -104,7 +104,7 @@ class StreamInfo:
 
 @dataclass
 class Registry:
-    obs_dir: str  # `obs_root`: a URL as given, a local path as Path spells it
+    obs_dir: str  # `location.spelled`: a URL as given, a local path as Path spells it
     streams: dict[str, StreamInfo]  # in registry order
     source_store: str = ""
     version: int = VERSION
@@ -127,14 +127,6 @@ class Registry:
         return yaml.safe_dump(doc, sort_keys=False, width=120)
 
 
-def obs_root(obs_dir: str | Path) -> str:
-    """An obs dir as registries and specs keep it: a URL as given (Path would make `s3://a/b` `s3:/a/b`), a
-    local path (`file://` stripped) as Path spells it."""
-    if location.is_remote(obs_dir):
-        return str(obs_dir).rstrip("/")
-    return str(location.local_path(obs_dir))
-
-
 def write_registry(reg: Registry, obs_dir: str | Path | None = None) -> Path:
     """Write `obs.yaml` atomically (into `obs_dir`, default the registry's own); local obs dirs only."""
     target = obs_dir or reg.obs_dir
@@ -145,7 +137,7 @@ def write_registry(reg: Registry, obs_dir: str | Path | None = None) -> Path:
 
 
 def empty_registry(obs_dir: str | Path, source_store: str = "") -> Registry:
-    return Registry(obs_root(obs_dir), {}, source_store=source_store)
+    return Registry(location.spelled(obs_dir), {}, source_store=source_store)
 
 
 def check_name(name: str, where: str) -> str:
@@ -158,7 +150,7 @@ def check_name(name: str, where: str) -> str:
 def open_registry(obs_dir: str | Path) -> Registry:
     """Read and check `obs_dir/obs.yaml`, at a path or a URL (gridded streams' grids are read from their zarr).
     An unreachable endpoint or refused credentials are one-line DataErrors naming the file."""
-    obs_dir = obs_root(obs_dir)
+    obs_dir = location.spelled(obs_dir)
     f = location.join(obs_dir, REGISTRY)
     if not location.reachable(f, "obs dir registry"):
         raise DataError(f"{f} does not exist (make an obs dir with jobs/make_sample_obs.py or jobs/prepare_obs.py)")
