@@ -17,7 +17,9 @@ RAY_CLIENT_PORT ?= 10001
 RAY_CPUS ?= $(shell nproc)
 HEAD_PID := runs/ray-head.pid
 # `make mlflow-server`: one tracking server for jobs on every node. Loopback unless MLFLOW_HOST opts in to a
-# private address the nodes can reach; extra flags (--allowed-hosts, --app-name basic-auth) in MLFLOW_SERVER_ARGS.
+# private address the nodes can reach; extra flags (--allowed-hosts) in MLFLOW_SERVER_ARGS. MLFLOW_APP: MLflow's
+# app plugin; wxray's (wxray/tracking_ui.py) opens the UI in model-training mode, basic-auth adds logins.
+MLFLOW_APP ?= wxray
 MLFLOW_HOST ?= 127.0.0.1
 MLFLOW_PORT ?= 5000
 MLFLOW_SERVER_ARGS ?=
@@ -137,7 +139,7 @@ mlflow-ui: setup
 	@mkdir -p runs
 	@echo "MLflow UI on http://127.0.0.1:$(MLFLOW_UI_PORT) (Ctrl-C stops it); open an experiment's runs table:"
 	@$(BIN)/python -m wxray.tracking_view sqlite:///$(CURDIR)/runs/mlflow.db http://127.0.0.1:$(MLFLOW_UI_PORT)
-	$(BIN)/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/runs/mlflow.db --host 127.0.0.1 --port $(MLFLOW_UI_PORT)
+	$(BIN)/mlflow ui --app-name wxray --backend-store-uri sqlite:///$(CURDIR)/runs/mlflow.db --host 127.0.0.1 --port $(MLFLOW_UI_PORT)
 
 # A tracking server (sqlite under runs/, artifacts served through the server) for jobs on a cluster: they log over
 # HTTP with MLFLOW_TRACKING_URI=http://<host>:$(MLFLOW_PORT), never to a shared sqlite file. setsid puts the server
@@ -146,7 +148,7 @@ mlflow-server: setup
 	@mkdir -p runs/mlflow-server-artifacts
 	@if [ -f $(MLFLOW_PID) ] && kill -0 $$(cat $(MLFLOW_PID)) 2>/dev/null; then \
 		echo "an MLflow server started by make is already running (pid $$(cat $(MLFLOW_PID)))"; exit 1; fi
-	setsid nohup $(BIN)/mlflow server --host $(MLFLOW_HOST) --port $(MLFLOW_PORT) \
+	setsid nohup $(BIN)/mlflow server --app-name $(MLFLOW_APP) --host $(MLFLOW_HOST) --port $(MLFLOW_PORT) \
 		--backend-store-uri sqlite:///$(CURDIR)/runs/mlflow-server.db \
 		--serve-artifacts --artifacts-destination $(CURDIR)/runs/mlflow-server-artifacts \
 		$(MLFLOW_SERVER_ARGS) > runs/mlflow-server.log 2>&1 & echo $$! > $(MLFLOW_PID)

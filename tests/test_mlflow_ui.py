@@ -1,6 +1,7 @@
 """The MLflow UI in a real browser (headless Chromium driven by Playwright): the links wxray prints open a
 first-time visitor (empty localStorage) on the experiment's runs table with the job's metrics as columns, not
-on MLflow 3's GenAI overview; the run link opens the run. `wxray.tracking_view` says why the links look so."""
+on MLflow 3's GenAI overview; the run link opens the run; the bare address, served as `make mlflow-ui` serves
+it (`--app-name wxray`), opens in model-training mode. `wxray.tracking_view` and `wxray.tracking_ui` say why."""
 
 from __future__ import annotations
 
@@ -62,6 +63,28 @@ def test_mlflow_ui_prints_one_link_per_experiment(tmp_path, capsys):
                                           "?viewStateShareKey=wxray&workflowType=machine_learning"]
 
 
+def test_the_ui_page_sets_model_training_for_a_first_visit_only():
+    from mlflow.server import app
+
+    from wxray import tracking_ui
+
+    client = app.test_client()
+    page = client.get("/").get_data(as_text=True)
+    script = tracking_ui.DEFAULT_MODE_SCRIPT
+    assert page.count(script) == 1 and page.index(script) < page.index("</head>")
+    assert "localStorage.getItem(\"mlflow.workflowType_v1\")===null" in tracking_ui.DEFAULT_MODE_SCRIPT
+    assert tracking_ui.DEFAULT_MODE_SCRIPT not in client.get("/health").get_data(as_text=True)
+    # MLflow's UI keeps the toggle as key + "_v" + version: still version 1 of "mlflow.workflowType"
+    assert 'key:"mlflow.workflowType",version:1,' in _ui_bundle()
+
+
+def _ui_bundle() -> str:
+    from mlflow.server import app
+
+    js = Path(app.static_folder) / "static" / "js"
+    return "".join(f.read_text(errors="ignore") for f in js.glob("main.*.js"))
+
+
 def _toy_run(uri: str) -> Tracker:
     tracker = Tracker(TrackingConfig(uri=uri, experiment="wxray-train"), "toy-run",
                       columns=("val/loss", "val/rmse/*"))
@@ -79,8 +102,8 @@ def test_the_printed_links_open_the_runs_table_in_a_fresh_browser(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     tracker = _toy_run(uri)
     port = free_port()
-    ui = subprocess.Popen([str(Path(sys.executable).parent / "mlflow"), "ui", "--backend-store-uri", uri,
-                           "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
+    ui = subprocess.Popen([str(Path(sys.executable).parent / "mlflow"), "ui", "--app-name", "wxray",
+                           "--backend-store-uri", uri, "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     try:
@@ -101,6 +124,17 @@ def test_the_printed_links_open_the_runs_table_in_a_fresh_browser(tmp_path):
             page.get_by_text("toy-run").first.wait_for(timeout=60_000)
             page.get_by_text("val/rmse/geopotential").first.wait_for(timeout=60_000)
             assert "Detect Issues" not in page.inner_text("body")
+            # The bare address in a fresh browser: model training mode, so the experiment opens on its runs table.
+            page = browser.new_context(viewport={"width": 1600, "height": 1000}).new_page()
+            page.goto(base + "/")
+            page.get_by_text("wxray-train").first.click(timeout=90_000)
+            page.get_by_role("grid").get_by_text("toy-run").wait_for(timeout=90_000)
+            assert "/runs" in page.url and "workflowType=machine_learning" in page.url
+            assert "Detect Issues" not in page.inner_text("body") and "Token Usage" not in page.inner_text("body")
+            page.evaluate("localStorage.setItem('mlflow.workflowType_v1', JSON.stringify('genai'))")
+            page.goto(base + "/")  # a visitor who chose GenAI keeps it
+            page.wait_for_load_state()
+            assert page.evaluate("localStorage.getItem('mlflow.workflowType_v1')") == '"genai"'
             browser.close()
     finally:
         subprocess.run(["pkill", "-TERM", "-g", str(ui.pid)], check=False)

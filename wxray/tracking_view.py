@@ -1,9 +1,10 @@
 """How MLflow's web UI opens a wxray experiment: on the runs table, with the job's headline metrics as columns.
 
 MLflow 3's UI (3.17) does not follow the experiment's `mlflow.experimentKind` tag when it picks its mode: a
-sidebar toggle kept in the browser's localStorage (`mlflow.workflowType`, GenAI unless the user switched it)
-decides, and a first-time visitor lands on the GenAI overview (traces, latency, a "Detect Issues" pop-up).
-The UI's own deep links override it: `?workflowType=machine_learning` on the experiment's route. Its runs
+sidebar toggle kept in the browser's localStorage (`mlflow.workflowType_v1`, GenAI unless the user switched
+it) decides, and a first-time visitor lands on the GenAI overview (traces, latency, a "Detect Issues" pop-up);
+`wxray.tracking_ui`, the app `make mlflow-ui` serves, defaults it to model training. The UI's own deep links
+override it: `?workflowType=machine_learning` on the experiment's route. Its runs
 table starts without metric columns; a *shared view* (the experiment tag `mlflow.sharedViewState.<key>`,
 opened with `?viewStateShareKey=<key>`) carries the columns to show. wxray writes that tag per experiment and
 prints links with both parameters (`experiment_url`, `run_url`); `make mlflow-ui` prints one per experiment.

@@ -187,7 +187,7 @@ def test_nothing_binds_all_interfaces(cluster):
     makefile = (ROOT / "Makefile").read_text()
     assert re.search(r"^MLFLOW_HOST \?= 127\.0\.0\.1$", makefile, re.M)
     recipe = makefile[makefile.index("\nmlflow-server:"):makefile.index("\nmlflow-server-down:")]
-    assert "mlflow server --host $(MLFLOW_HOST)" in recipe and "0.0.0.0" not in recipe
+    assert "mlflow server --app-name $(MLFLOW_APP) --host $(MLFLOW_HOST)" in recipe and "0.0.0.0" not in recipe
     assert "--backend-store-uri sqlite:///$(CURDIR)/runs/" in recipe and "--serve-artifacts" in recipe
     phony = re.search(r"^\.PHONY:((?:.*\\\n)*.*)$", makefile, re.M).group(1).replace("\\\n", " ").split()
     assert {"mlflow-server", "mlflow-server-down"} <= set(phony)
