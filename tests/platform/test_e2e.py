@@ -14,6 +14,7 @@ import torch
 import xarray as xr
 
 from wxray.config import dump_yaml, load_config
+from wxray.data import location
 from wxray.data.e2e_windows import E2EReader, ObsDataConfig, prepare_e2e, time_features
 from wxray.data.obs.prepare import prepare_obs
 from wxray.data.schema import open_store
@@ -161,7 +162,7 @@ def test_stages_forecast_and_station_scores(chain, small_obs, tmp_path):
 
 
 @pytest.mark.slow
-def test_stochastic_uplift_and_nested_members_recomputed_alone(chain, tmp_path):
+def test_stochastic_uplift_and_nested_members_recomputed_alone(chain, s3_server, tmp_path):
     stages, uri, _ = chain
     with pytest.raises(CheckpointError, match="stage=encoder"):  # the processor needs the stochastic encoder
         finetune_stochastic(load_config(FinetuneStochasticConfig, ["stage=processor", f"stages={stages}"]), None)
@@ -196,6 +197,17 @@ def test_stochastic_uplift_and_nested_members_recomputed_alone(chain, tmp_path):
           "members.N=3", f"out_dir={tmp_path / 'registered'}", "batch_size=1", f"tracking.uri={uri}"])
     registered = xr.open_zarr(tmp_path / "registered" / "forecast.zarr").geopotential.load()
     np.testing.assert_array_equal(registered.values, alone.values)
+    # the stages folder copied whole to a bucket: read from there (its configs and newest checkpoints), the same
+    fs, _ = location.filesystem("s3://wxray-stages")
+    fs.mkdir("wxray-stages")
+    fs.put(str(stages), "wxray-stages/chain", recursive=True)
+    _run("forecast_e2e", ForecastE2EConfig, forecast_e2e,
+         ["stages=s3://wxray-stages/chain", "steps=2", "inits=2000-01-02T06/2000-01-02T06", "members.M=2",
+          "members.N=3", f"out_dir={tmp_path / 'bucket'}", "batch_size=1", "tracking.enabled=false"])
+    in_bucket = xr.open_zarr(tmp_path / "bucket" / "forecast.zarr")
+    assert in_bucket.attrs["stages"] == "s3://wxray-stages/chain"
+    in_bucket = in_bucket.geopotential.load()
+    np.testing.assert_array_equal(in_bucket.values, alone.values)
 
 
 @pytest.mark.slow

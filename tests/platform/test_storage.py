@@ -18,6 +18,7 @@ from wxray.data import location
 from wxray.errors import ConfigError
 from wxray.job import run_job
 from wxray.platform.inference.forecast import ForecastConfig, forecast
+from wxray.platform.inference.forecast_e2e import ForecastE2EConfig, forecast_e2e
 from wxray.platform.train import storage
 from wxray.platform.train.config import TrainSparseConfig
 from wxray.platform.train.sparse import train_sparse
@@ -142,4 +143,21 @@ def test_a_storage_bucket_that_is_not_there_is_one_line_before_any_work(s3_serve
 def test_the_end_to_end_stages_refuse_a_storage_they_cannot_use_in_one_line(cfg_cls, tmp_path):
     with pytest.raises(ConfigError, match="config key 'train.storage' is for jobs/train_sparse.py"):
         load_config(cfg_cls, ["train.storage=s3://wxray-runs/runs", f"out_dir={tmp_path / 'x'}"])
+    with pytest.raises(ConfigError, match=r"stages=s3://wxray-runs/e2e: the end-to-end stages are trained into a "
+                                          r"folder every node sees, not a URL; copy the folder to a bucket"):
+        load_config(cfg_cls, ["stages=s3://wxray-runs/e2e", f"out_dir={tmp_path / 'x'}"])
     assert not (tmp_path / "x").exists()
+
+
+def test_a_stages_url_without_stages_is_one_line(s3_server, tmp_path, capsys):
+    fs, _ = location.filesystem("s3://wxray-nostages")
+    fs.mkdir("wxray-nostages")
+    fs.pipe("wxray-nostages/e2e/notes.txt", b"not a stage")
+    for url, needle in (("s3://wxray-nostages/e2e", "no stage with a checkpoint in it"),
+                        ("s3://wxray-nostages/gone", "not found")):
+        rc, res, out = _run(capsys, "forecast_e2e", ForecastE2EConfig, forecast_e2e,
+                            [f"stages={url}", f"out_dir={tmp_path / 'fc'}", "tracking.enabled=false"])
+        lines = out.strip().splitlines()
+        assert rc == 2 and res is None and len(lines) == 1, out
+        assert lines[0].startswith("error: ") and url in lines[0] and needle in lines[0], out
+    assert not (tmp_path / "fc").exists()

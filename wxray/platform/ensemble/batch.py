@@ -81,7 +81,7 @@ class ActorConfig:
 
 @dataclass
 class EnsembleConfig(JobConfig):
-    stages: RunsDir = "runs/train_e2e/e2e"  # stages directory of jobs/train_e2e.py + jobs/finetune_stochastic.py
+    stages: RunsDir = "runs/train_e2e/e2e"  # stages folder of train_e2e + finetune_stochastic (or a URL, models:/...)
     store: InPath = ""  # "" = the store the stages were trained on
     obs_dir: InPath = ""  # "" = the observation streams the stages were trained on
     inits: str = ""  # "start/end" init times, inclusive; "" = the test split with truth at every lead

@@ -52,7 +52,7 @@ SEED_NOTE = "noise SeedSequence([seed, t, 1, i]); masks [seed, t, 2, i, j]; rout
 
 @dataclass
 class ForecastE2EConfig(JobConfig):
-    stages: RunsDir = "runs/train_e2e/e2e"  # the stages directory of jobs/train_e2e.py (runs/train_e2e/<run_name>)
+    stages: RunsDir = "runs/train_e2e/e2e"  # stages folder of jobs/train_e2e.py (or a URL, models:/...)
     store: InPath = ""  # "" = the store the stages were trained on
     obs_dir: InPath = ""  # "" = the observation streams the stages were trained on
     inits: str = ""  # "start/end" init times, inclusive; "" = the test split with truth at every lead

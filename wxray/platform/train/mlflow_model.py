@@ -34,6 +34,7 @@ import numpy as np
 
 from wxray import __version__
 from wxray.config import MODEL_URIS
+from wxray.data import location
 from wxray.errors import CheckpointError
 from wxray.platform.train import checkpoints
 from wxray.tracking import redact_uri
@@ -76,21 +77,27 @@ def save_model(path: str | Path, mlflow_model, checkpoint: str | Path | None = N
     mlflow_model.save(str(path / "MLmodel"))
 
 
-def snapshot_stages(stages: Path, dest: Path) -> None:
-    """What the ensemble jobs read of a stages folder: each stage's config.yaml and newest checkpoint (of the
-    stochastic processor, its last lead), at the same relative paths."""
+def snapshot_stages(stages: str | Path, dest: Path) -> None:
+    """What the ensemble jobs read of a stages folder (on disk or at a URL): each stage's config.yaml and newest
+    checkpoint (of the stochastic processor, its last lead), at the same relative paths under `dest`."""
+    remote = location.is_remote(stages)
+    root = str(stages).rstrip("/")
     for name in STAGE_NAMES:
-        run = stages / name
-        if not (run / "config.yaml").is_file():
+        run = location.join(root, name)
+        config = location.join(run, "config.yaml")
+        if not (location.exists(config) if remote else Path(config).is_file()):
             continue
-        leads = sorted(run.glob("lead_*"), key=lambda p: int(p.name.split("_")[1]))
-        ray_dir = (leads[-1] if leads else run) / "ray"
-        last = checkpoints.latest(ray_dir)
+        leads = sorted(location.glob(run, "lead_*"), key=lambda p: int(p.rstrip("/").rsplit("_", 1)[1]))
+        last = checkpoints.latest(location.join(leads[-1] if leads else run, "ray"))
         if last is None:
             continue
         (dest / name).mkdir(parents=True, exist_ok=True)
-        shutil.copy2(run / "config.yaml", dest / name / "config.yaml")
-        shutil.copytree(last, dest / Path(last).relative_to(stages))
+        if remote:
+            location.get(config, dest / name / "config.yaml")
+            location.get(last, dest / str(last)[len(root) + 1:])
+        else:
+            shutil.copy2(config, dest / name / "config.yaml")
+            shutil.copytree(last, dest / Path(last).relative_to(location.local_path(root)))
 
 
 def log_model(tracker, registered_model: str, model_name: str, config: str, checkpoint: str | Path | None = None,
@@ -159,5 +166,21 @@ def _artifact_source(uri: str, tracking_uri: str) -> str:
 
 
 def local_stages(stages: str, tracking_uri: str) -> Path:
-    """The stages folder `stages=` names: itself, or a stages model's from the registry."""
-    return fetch_model(stages, tracking_uri, STAGES) if is_model_uri(stages) else Path(stages)
+    """The stages folder `stages=` names: itself, a stages model's from the registry, or for a folder at a URL
+    (a stages folder copied to a bucket) its stages' configs and newest checkpoints, fetched once per process."""
+    if is_model_uri(stages):
+        return fetch_model(stages, tracking_uri, STAGES)
+    if not location.is_remote(stages):
+        return Path(stages)
+    url = str(stages).rstrip("/")
+
+    def copy(local: Path) -> Path:
+        if not location.reachable(url, "stages"):
+            raise CheckpointError(f"stages {url}: not found (expected the stages folder of jobs/train_e2e.py)")
+        snapshot_stages(url, local / STAGES)
+        if not (local / STAGES).is_dir():
+            raise CheckpointError(f"stages {url}: no stage with a checkpoint in it (expected the stages folder "
+                                  "of jobs/train_e2e.py: <stage>/config.yaml and <stage>/ray/.../checkpoint_*)")
+        return local / STAGES
+
+    return checkpoints.local_copy(url, copy, prefix="wxray-stages-")

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from wxray.config import NonNegFloat, NonNegInt, PosFloat, PosInt, RunsDir
+from wxray.data import location
 from wxray.data.e2e_windows import ObsDataConfig
 from wxray.errors import ConfigError
 from wxray.job import JobConfig
@@ -50,6 +51,19 @@ class DecoderConfig:
     length_scale_deg: NonNegFloat = 0.0  # initial grid -> station SetConv length scale; 0 = the grid spacing
 
 
+def check_stages_folder(storage: str, stages: str) -> None:
+    """Training stages find each other's checkpoints under `stages`, a folder every node sees: neither Ray
+    Train's `train.storage` nor a URL (a stages folder copied to a bucket is read from there by the forecast and
+    ensemble jobs, which fetch what they need)."""
+    if storage:
+        raise ConfigError("config key 'train.storage' is for jobs/train_sparse.py; the end-to-end stages keep "
+                          "their checkpoints under stages (a folder every node sees)")
+    if location.is_remote(stages):
+        raise ConfigError(f"stages={stages}: the end-to-end stages are trained into a folder every node sees, not "
+                          "a URL; copy the folder to a bucket afterwards to read it from there (jobs/forecast_e2e.py, "
+                          "jobs/ensemble.py, jobs/ose.py)")
+
+
 @dataclass
 class TrainE2EConfig(JobConfig):
     stage: Stage = "encoder"  # encoder | processor | decoder | chain (see the module docstring)
@@ -77,9 +91,7 @@ class TrainE2EConfig(JobConfig):
     def validate(self) -> None:
         if self.stage not in STAGES:
             raise ConfigError(f"stage must be one of {', '.join(STAGES)}, got {self.stage!r}")
-        if self.train.storage:  # the stages find each other under stages
-            raise ConfigError("config key 'train.storage' is for jobs/train_sparse.py; the end-to-end stages keep "
-                              "their checkpoints under stages (a folder every node sees)")
+        check_stages_folder(self.train.storage, self.stages)
         name = self.run_name or "e2e"
         if not self.stages:
             self.stages = f"runs/train_e2e/{name}"

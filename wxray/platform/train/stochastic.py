@@ -37,7 +37,7 @@ from wxray.platform.train import checkpoints, mlflow_model
 from wxray.platform.train.batches import lockstep_batches
 from wxray.platform.train.config import LoopConfig, OptimConfig
 from wxray.platform.train.e2e import fit_stage, trained_stage
-from wxray.platform.train.stage_config import TrainE2EConfig
+from wxray.platform.train.stage_config import TrainE2EConfig, check_stages_folder
 from wxray.platform.train.stages import StageTask, build_encoder, next_state, obs_of, processor_input
 
 
@@ -76,9 +76,7 @@ class FinetuneStochasticConfig(JobConfig):
         return f"stochastic-{self.stage}-{self.stochastic.noise}"
 
     def validate(self) -> None:
-        if self.train.storage:  # the stochastic stages find the deterministic ones under stages
-            raise ConfigError("config key 'train.storage' is for jobs/train_sparse.py; the end-to-end stages keep "
-                              "their checkpoints under stages (a folder every node sees)")
+        check_stages_folder(self.train.storage, self.stages)  # the deterministic stages are under it
         if not self.stages:
             self.stages = f"runs/train_e2e/{self.run_name or 'e2e'}"
         if not self.out_dir:
