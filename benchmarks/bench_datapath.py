@@ -130,44 +130,40 @@ def drop_page_cache() -> bool:
         return False
 
 
+def read_windows(spec, anchors, batch: int) -> int:
+    """Run the reader over `anchors` in batches of `batch` (outputs dropped); this process's peak RSS meanwhile,
+    in bytes. A Ray worker runs many tasks: its high-water mark is reset first (Linux >= 4.0), so the peak is
+    this call's alone."""
+    from wxray.data.windows import WindowReader
+
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass
+    r = WindowReader(spec)
+    for i in range(0, len(anchors), batch):
+        r({"anchor": anchors[i: i + batch]})
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
 def peak_task_rss(spec, anchors) -> float:
     import ray
 
-    from wxray.data.windows import WindowReader
-
-    @ray.remote(num_cpus=1)
-    def read(spec, anchors):
-        # A worker runs many tasks: reset its high-water mark (Linux >= 4.0) so the peak is this task's alone.
-        try:
-            Path("/proc/self/clear_refs").write_text("5")
-        except OSError:
-            pass
-        r = WindowReader(spec)
-        for i in range(0, len(anchors), 4):
-            r({"anchor": anchors[i: i + 4]})
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-    return ray.get(read.remote(spec, anchors))
+    return ray.get(ray.remote(num_cpus=1)(read_windows).remote(spec, anchors, 4))
 
 
 def bare_tasks_rate(spec, anchors, cpus: int, read_batch: int) -> float:
     """Windows/s of the reader alone in `cpus` parallel Ray tasks, outputs dropped: the pipeline's ceiling."""
     import ray
 
-    from wxray.data.windows import WindowReader
-
-    @ray.remote(num_cpus=1)
-    def read(spec, anchors):
-        r = WindowReader(spec)
-        for i in range(0, len(anchors), read_batch):
-            r({"anchor": anchors[i: i + read_batch]})
-
-    ray.get([read.remote(spec, anchors[:2]) for _ in range(cpus)])  # workers up, store opened
+    read = ray.remote(num_cpus=1)(read_windows)
+    ray.get([read.remote(spec, anchors[:2], read_batch) for _ in range(cpus)])  # workers up, store opened
     t0 = time.perf_counter()
-    ray.get([read.remote(spec, part) for part in np.array_split(anchors, cpus)])  # consecutive, as Ray Data's blocks
+    # consecutive windows per task, as Ray Data's blocks hold them
+    ray.get([read.remote(spec, part, read_batch) for part in np.array_split(anchors, cpus)])
     return len(anchors) / (time.perf_counter() - t0)
 
 
@@ -182,10 +178,11 @@ def pipeline_rate(spec, anchors, read_batch: int) -> float:
 
 
 def measure(store: str, cpus: int, read_batch: int, passes: int) -> dict:
+    from wxray.data import location
     from wxray.data.window_data import DataConfig, prepare_windows
     from wxray.data.windows import WindowReader
 
-    local = "://" not in store
+    local = not location.is_remote(store)
     data = prepare_windows(DataConfig(store=store, history=2, split_fractions=(1.0, 0.0, 0.0)))
     anchors = np.sort(data.anchors["train"])
     needed = np.unique(np.concatenate([anchors - 1, anchors, anchors + 1]))
@@ -268,7 +265,7 @@ def main() -> None:
     res = {"date": dt.date.today().isoformat(), "machine": f"{platform.machine()}, {os.cpu_count()} cores",
            "grid": list(GRID), "channels": len(PRESSURE_VARS) * len(LEVELS) + len(SURFACE_VARS),
            "steps": args.steps, "window_MB": window_bytes() / 1e6, "cpus": args.cpus, "read_batch": args.read_batch,
-           "store_GB": size, "driver_peak_rss_MB": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+           "store_GB": size, "driver_peak_rss_MB": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e6,
            "rows": rows}
     cols = [("raw MB/s", "raw_MB_per_s"), ("cold MB/s", "raw_cold_MB_per_s"), ("plain", "plain_windows_per_s"),
             ("bare", "bare_tasks_windows_per_s"), ("ray 1st", "ray_first_pass_windows_per_s"),

@@ -32,9 +32,7 @@ def with_model_training_default(response: Response) -> Response:
     if request.endpoint != "serve" or response.status_code != 200 or response.mimetype != "text/html":
         return response
     response.direct_passthrough = False  # a file response: read its body to rewrite it
-    html = response.get_data(as_text=True)
-    if DEFAULT_MODE_SCRIPT not in html:
-        response.set_data(html.replace("<head>", "<head>" + DEFAULT_MODE_SCRIPT, 1))
+    response.set_data(response.get_data(as_text=True).replace("<head>", "<head>" + DEFAULT_MODE_SCRIPT, 1))
     return response
 
 

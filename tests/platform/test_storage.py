@@ -34,6 +34,14 @@ def _run(capsys, job, cfg_cls, main, argv):
     return rc, (json.loads(results[-1][7:]) if results else None), cap.out + cap.err
 
 
+def _one_error_line(capsys, job, cfg_cls, main, argv) -> str:
+    """The one line a failing job prints (exit 2, no RESULT)."""
+    rc, res, out = _run(capsys, job, cfg_cls, main, argv)
+    lines = out.strip().splitlines()
+    assert rc == 2 and res is None and len(lines) == 1, out
+    return lines[0]
+
+
 def test_a_run_folder_under_storage_is_its_path_under_runs(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     out = tmp_path / "runs" / "train_sparse" / "exp1"
@@ -122,11 +130,9 @@ def test_a_checkpoint_url_that_is_not_there_is_one_line(s3_server, tmp_path, cap
     fs.mkdir("wxray-empty")
     for url, needle in (("s3://wxray-empty/runs/x", "does not exist"),
                         ("s3://no-such-bucket/x", "does not exist")):
-        rc, res, out = _run(capsys, "forecast", ForecastConfig, forecast,
-                            [f"checkpoint={url}", f"out_dir={tmp_path / 'fc'}", "tracking.enabled=false"])
-        lines = out.strip().splitlines()
-        assert rc == 2 and res is None and len(lines) == 1, out
-        assert lines[0].startswith(f"error: checkpoint {url}") and needle in lines[0], out
+        line = _one_error_line(capsys, "forecast", ForecastConfig, forecast,
+                               [f"checkpoint={url}", f"out_dir={tmp_path / 'fc'}", "tracking.enabled=false"])
+        assert line.startswith(f"error: checkpoint {url}") and needle in line, line
     assert not (tmp_path / "fc").exists()
 
 
@@ -155,9 +161,7 @@ def test_a_stages_url_without_stages_is_one_line(s3_server, tmp_path, capsys):
     fs.pipe("wxray-nostages/e2e/notes.txt", b"not a stage")
     for url, needle in (("s3://wxray-nostages/e2e", "no stage with a checkpoint in it"),
                         ("s3://wxray-nostages/gone", "not found")):
-        rc, res, out = _run(capsys, "forecast_e2e", ForecastE2EConfig, forecast_e2e,
-                            [f"stages={url}", f"out_dir={tmp_path / 'fc'}", "tracking.enabled=false"])
-        lines = out.strip().splitlines()
-        assert rc == 2 and res is None and len(lines) == 1, out
-        assert lines[0].startswith("error: ") and url in lines[0] and needle in lines[0], out
+        line = _one_error_line(capsys, "forecast_e2e", ForecastE2EConfig, forecast_e2e,
+                               [f"stages={url}", f"out_dir={tmp_path / 'fc'}", "tracking.enabled=false"])
+        assert line.startswith("error: ") and url in line and needle in line, line
     assert not (tmp_path / "fc").exists()

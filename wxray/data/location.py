@@ -198,8 +198,10 @@ def put(local: str | os.PathLike, location: str | os.PathLike, exclude: tuple[st
 
 
 def get(location: str | os.PathLike, local: str | os.PathLike) -> Path:
-    """Copy the remote file or folder `location` to the local path `local`."""
+    """Copy the file or folder `location` (a URL or a local path) to the local path `local`."""
     fs, path = filesystem(location)
+    if not is_remote(location):
+        path = os.path.abspath(path)  # fsspec lists a local folder's files by their absolute paths
     dst = Path(local)
     if fs.isdir(path):
         dst.mkdir(parents=True, exist_ok=True)

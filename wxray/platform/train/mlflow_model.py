@@ -80,24 +80,18 @@ def save_model(path: str | Path, mlflow_model, checkpoint: str | Path | None = N
 def snapshot_stages(stages: str | Path, dest: Path) -> None:
     """What the ensemble jobs read of a stages folder (on disk or at a URL): each stage's config.yaml and newest
     checkpoint (of the stochastic processor, its last lead), at the same relative paths under `dest`."""
-    remote = location.is_remote(stages)
-    root = str(stages).rstrip("/")
+    root = location.spelled(stages)
     for name in STAGE_NAMES:
         run = location.join(root, name)
         config = location.join(run, "config.yaml")
-        if not (location.exists(config) if remote else Path(config).is_file()):
+        if not location.exists(config):
             continue
         leads = sorted(location.glob(run, "lead_*"), key=lambda p: int(p.rstrip("/").rsplit("_", 1)[1]))
         last = checkpoints.latest(location.join(leads[-1] if leads else run, "ray"))
         if last is None:
             continue
-        (dest / name).mkdir(parents=True, exist_ok=True)
-        if remote:
-            location.get(config, dest / name / "config.yaml")
-            location.get(last, dest / str(last)[len(root) + 1:])
-        else:
-            shutil.copy2(config, dest / name / "config.yaml")
-            shutil.copytree(last, dest / Path(last).relative_to(location.local_path(root)))
+        location.get(config, dest / name / "config.yaml")
+        location.get(last, dest / str(last)[len(root) + 1:])
 
 
 def log_model(tracker, registered_model: str, model_name: str, config: str, checkpoint: str | Path | None = None,
@@ -172,7 +166,7 @@ def local_stages(stages: str, tracking_uri: str) -> Path:
         return fetch_model(stages, tracking_uri, STAGES)
     if not location.is_remote(stages):
         return Path(stages)
-    url = str(stages).rstrip("/")
+    url = location.spelled(stages)
 
     def copy(local: Path) -> Path:
         if not location.reachable(url, "stages"):
