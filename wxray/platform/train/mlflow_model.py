@@ -27,7 +27,7 @@ import contextlib
 import io
 import shutil
 import sys
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import numpy as np
@@ -91,7 +91,8 @@ def snapshot_stages(stages: str | Path, dest: Path) -> None:
         if last is None:
             continue
         location.get(config, dest / name / "config.yaml")
-        location.get(last, dest / str(last)[len(root) + 1:])
+        # relative by path parts, not by the root's length in characters (`stages=.` spells no prefix)
+        location.get(last, dest / PurePosixPath(str(last)).relative_to(root))
 
 
 def log_model(tracker, registered_model: str, model_name: str, config: str, checkpoint: str | Path | None = None,
