@@ -34,10 +34,12 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q "$(TORCH_SPEC)" "setuptools>=69" wheel
+	# --no-compile (uv's default): no bytecode for the ~20k modules installed; Python writes it on first import
+	# for the few thousand a job loads (about a minute less of setup on 2 cores).
+	$(BIN)/pip install -q --no-compile "$(TORCH_SPEC)" "setuptools>=69" wheel
 	# torch-harmonics >= 0.9.3 requires torch 2.14 (a CUDA build); 0.8.0 builds against the torch above.
-	$(BIN)/pip install -q --no-build-isolation "$(HARMONICS_SPEC)"
-	$(BIN)/pip install -q -e ".[dev]"
+	$(BIN)/pip install -q --no-compile --no-build-isolation "$(HARMONICS_SPEC)"
+	$(BIN)/pip install -q --no-compile -e ".[dev]"
 	touch $(STAMP)
 
 demo: setup
