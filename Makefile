@@ -41,7 +41,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --no-compile --no-build-isolation "$(HARMONICS_SPEC)"
 	$(BIN)/pip install -q --no-compile -e ".[dev]"
 	@# a few third-party test and example files do not parse on this Python (pip skips them the same way)
-	$(BIN)/python -m compileall -qq -j 0 "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" || true
+	$(BIN)/python -m compileall -qq -j 0 $(VENV)/lib || true
 	touch $(STAMP)
 
 demo: setup
