@@ -16,7 +16,7 @@ os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
 os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
 os.environ.pop("RAY_ADDRESS", None)
 # The MLflow servers the tests start run without MLflow 3's GenAI job runner, as `make mlflow-ui` runs them
-# (eight processes less per server).
+# (7 processes per server, not 15).
 os.environ.setdefault("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")
 
 
