@@ -4,6 +4,7 @@
     python benchmarks/bench_edm.py --img 32 64 --steps 12  # L=512 (~30 s, 2 cores)
     python benchmarks/bench_edm.py --device cuda --batch 8 --steps 20 --json out.json
     python benchmarks/bench_edm.py --device cuda --bf16     # the forward (loss included) under bf16 autocast
+    python benchmarks/bench_edm.py --device cuda --bf16 --modes eager reduce-overhead captured
 
 Config (defaults): D=256, depth 8, 4 heads, MLP ratio 4, split (2, 4, 2), r=0.25 (the paper's EDM split and
 ratio, Sec. 4.3), a 64x128 grid with patch 2 -> L=2048 tokens, K=512 routed; 5 variables x 2 history steps
@@ -19,6 +20,8 @@ drawn from the step's generator, a fresh routing every step, latitude-weighted).
   GFLOP      forward + backward FLOPs (torch.utils.flop_counter, CPU flash-SDPA registered); flop_x ratio
   saved_MiB  bytes of every tensor autograd saves during the forward (parameters included); mem_x ratio
   call_ms    (full only) median of one no-grad denoiser call with a held routing, i.e. one sampler call
+  mode_x     eager / this (same variant and part), call_mode_x the same for call_ms; warmup_s the warm-up
+             steps' wall time (compilation, capture), reported apart (see bench_sparse.py)
 and the FLOP model of the asymmetric block (multiply-adds, n = tokens the block sees, L = conditioning length):
   c(n) = 4 n D^2 + 2 n^2 D          self-attention: qkv + proj, scores + AV over n tokens
        + 2 n D^2 + 2 L D^2 + 2 n L D  cross-attention: q + proj on n, k + v on all L of Z_c, n x L scores + AV
@@ -29,6 +32,7 @@ and the FLOP model of the asymmetric block (multiply-adds, n = tokens the block 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
 import os
@@ -37,7 +41,8 @@ import time
 
 import torch
 import torch.nn as nn
-from step_bench import StepBench
+from bench_sparse import add_ratios, row_key
+from step_bench import MODES, WARMUP_STEPS, StepBench
 
 from wxray.models import EDMBlock, ResSlimEDM, SparseRouter, edm_loss, latitude_weights
 
@@ -70,7 +75,8 @@ def make_model(keep: float, dim: int, img: tuple[int, int]) -> ResSlimEDM:
     return ResSlimEDM(N_VARS, HISTORY, N_CONST, N_OUT, img, PATCH, dim, DEPTH, HEADS, MLP_RATIO, SPLIT, keep)
 
 
-def run(device: torch.device, steps: int, batch: int, dim: int, img: tuple[int, int], bf16: bool = False) -> dict:
+def run(device: torch.device, steps: int, batch: int, dim: int, img: tuple[int, int], bf16: bool = False,
+        modes: tuple[str, ...] = ("eager",)) -> dict:
     torch.manual_seed(0)
     seq = (img[0] // PATCH) * (img[1] // PATCH)
     lat_w = latitude_weights(torch.linspace(-88.6, 88.6, img[0])).to(device)
@@ -81,53 +87,73 @@ def run(device: torch.device, steps: int, batch: int, dim: int, img: tuple[int, 
     benches, models = {}, {}
     for variant, keep in (("dense", 1.0), ("sparse", KEEP)):
         stack = SparseRouter([EDMBlock(dim, HEADS, MLP_RATIO) for _ in range(DEPTH)], SPLIT, keep)
-        benches[variant, "stack"] = StepBench(
-            stack, lambda g, s=stack: nn.functional.mse_loss(s(z_x, generator=g, cond=z_c, emb=emb), target),
-            device, seed=1, bf16=bf16,
-        )
-        models[variant] = model = make_model(keep, dim, img)
-        benches[variant, "full"] = StepBench(
-            model, lambda g, m=model: edm_loss(m, fields, cond, lat_w, g), device, seed=2, bf16=bf16
-        )
+        model = make_model(keep, dim, img)
+        for mode in modes:  # every mode trains its own copy of the same initial weights
+            s, m = (stack, model) if mode == modes[0] else (copy.deepcopy(stack), copy.deepcopy(model))
+            benches[variant, row_key("stack", mode)] = StepBench(
+                s, lambda mod, g: nn.functional.mse_loss(mod(z_x, generator=g, cond=z_c, emb=emb), target),
+                device, seed=1, bf16=bf16, mode=mode)
+            benches[variant, row_key("full", mode)] = StepBench(
+                m, lambda mod, g: edm_loss(mod, fields, cond, lat_w, g), device, seed=2, bf16=bf16, mode=mode)
+            models[variant, mode] = m
     probes = {key: b.probe() for key, b in benches.items()}
     for b in benches.values():
-        b.step()  # second warm-up step, discarded
-        b.times.clear()
+        b.warm_up()  # eager: the second warm-up step, discarded; compiled / captured: until steady
     for _ in range(steps):  # round-robin, so load from other processes drifts over all variants alike
         for b in benches.values():
             b.step()
 
-    call_ms = {}
-    for variant, model in models.items():  # one sampler call: no grad, routing held
+    call_ms, call_warmup = {}, {}
+    for (variant, mode), model in models.items():  # one sampler call: no grad, routing held
+        bench = benches[variant, row_key("full", mode)]
         model.eval()
         g = torch.Generator(device=device).manual_seed(3)
         routing = model.draw_routing(batch, g, device)
+        sigma = torch.full((), 1.0, device=device)  # a tensor, as the sampler passes it
+        call = sampler_call(bench.module, mode, fields, sigma, cond, g, routing, bench.amp)
         times = []
-        with torch.no_grad(), benches[variant, "full"].amp():
-            for _ in range(steps + 1):
-                benches[variant, "full"].sync()
-                t0 = time.perf_counter()
-                model(fields, 1.0, cond, generator=g, routing=routing)
-                benches[variant, "full"].sync()
-                times.append(time.perf_counter() - t0)
-        call_ms[variant] = 1e3 * statistics.median(times[1:])
+        for _ in range(steps + (1 if mode == "eager" else WARMUP_STEPS + 2)):
+            bench.sync()
+            t0 = time.perf_counter()
+            call()
+            bench.sync()
+            times.append(time.perf_counter() - t0)
+        warm = 1 if mode == "eager" else WARMUP_STEPS + 2
+        call_ms[variant, mode] = 1e3 * statistics.median(times[warm:])
+        call_warmup[variant, mode] = sum(times[:warm])
 
     results: dict[str, dict[str, dict[str, float]]] = {}
-    for (variant, part), b in benches.items():
-        r = {"step_ms": 1e3 * statistics.median(b.times), "min_ms": 1e3 * min(b.times), **probes[variant, part]}
+    for (variant, key), b in benches.items():
+        r = {"step_ms": 1e3 * statistics.median(b.times), "min_ms": 1e3 * min(b.times), "warmup_s": b.warmup_s,
+             **probes[variant, key]}
+        part, _, mode = key.partition("@")
         if part == "full":
-            r["call_ms"] = call_ms[variant]
-        results.setdefault(variant, {})[part] = r
-    for variant in results:
-        for part, r in results[variant].items():
-            dense = results["dense"][part]
-            r["speedup"] = dense["step_ms"] / r["step_ms"]
-            r["speedup_min"] = dense["min_ms"] / r["min_ms"]
-            r["flop_speedup"] = dense["GFLOP"] / r["GFLOP"]
-            r["saved_reduction"] = dense["saved_MiB"] / r["saved_MiB"]
-            if "call_ms" in r:
-                r["call_speedup"] = dense["call_ms"] / r["call_ms"]
+            r["call_ms"] = call_ms[variant, mode or "eager"]
+            r["call_warmup_s"] = call_warmup[variant, mode or "eager"]
+        results.setdefault(variant, {})[key] = r
+    add_ratios(results)
     return results
+
+
+def sampler_call(model, mode: str, y, sigma, cond, g, routing, amp):
+    """One no-grad denoiser call, as the sampler makes it: eager or compiled as the model is, or (captured) a
+    CUDA graph of the call recorded once on static inputs and replayed."""
+    def call():
+        with torch.no_grad(), amp():
+            return model(y, sigma, cond, generator=g, routing=routing)
+
+    if mode != "captured":
+        return call
+    side = torch.cuda.Stream(y.device)
+    side.wait_stream(torch.cuda.current_stream(y.device))
+    with torch.cuda.stream(side):
+        for _ in range(WARMUP_STEPS):
+            call()
+    torch.cuda.current_stream(y.device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call()
+    return graph.replay
 
 
 def main() -> None:
@@ -139,8 +165,12 @@ def main() -> None:
     parser.add_argument("--img", type=int, nargs=2, default=(64, 128), metavar=("H", "W"))
     parser.add_argument("--threads", type=int, default=None, help="intra-op threads (default: torch's)")
     parser.add_argument("--bf16", action="store_true", help="forward under bf16 autocast (optimizer fp32)")
+    parser.add_argument("--modes", nargs="+", choices=MODES, default=["eager"],
+                        help="eager, torch.compile modes, captured (CUDA graphs of the step and of the call)")
     parser.add_argument("--json", default=None, help="also write results to this JSON file")
     args = parser.parse_args()
+    if args.modes[0] != "eager":
+        parser.error("--modes must start with eager (the reference of mode_x)")
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
@@ -149,7 +179,7 @@ def main() -> None:
     seq = (img[0] // PATCH) * (img[1] // PATCH)
 
     t0, load0 = time.perf_counter(), os.getloadavg()[0]
-    results = run(device, args.steps, batch, args.dim, img, args.bf16)
+    results = run(device, args.steps, batch, args.dim, img, args.bf16, tuple(args.modes))
     expected = expected_speedups(seq, args.dim)
     paper = expected_speedups(PAPER["L"], PAPER["dim"])
     where = f"{args.device}, {torch.get_num_threads()} threads" if device.type == "cpu" else args.device
@@ -162,23 +192,26 @@ def main() -> None:
           f"FLOP model {expected['flop_model']:.2f}x; at the paper's scale (L={PAPER['L']}, D={PAPER['dim']}): "
           f"{paper['attention_only']:.2f}x / {paper['flop_model']:.2f}x (paper measured {PAPER['measured']}x)")
     header = (
-        f"{'variant':8} {'part':6} {'step_ms':>9} {'min_ms':>9} {'speedup':>8} {'min_x':>6} "
-        f"{'GFLOP':>8} {'flop_x':>7} {'saved_MiB':>10} {'mem_x':>6} {'call_ms':>8} {'call_x':>6}"
+        f"{'variant':8} {'part':22} {'step_ms':>9} {'min_ms':>9} {'speedup':>8} {'min_x':>6} "
+        f"{'GFLOP':>8} {'flop_x':>7} {'saved_MiB':>10} {'mem_x':>6} {'call_ms':>8} {'call_x':>6} "
+        f"{'mode_x':>7} {'call_mode_x':>11} {'warmup_s':>9}"
     )
     print(header)
     print("-" * len(header))
     for variant, parts in results.items():
         for part, r in parts.items():
             call = f"{r['call_ms']:8.1f} {r['call_speedup']:5.2f}x" if "call_ms" in r else f"{'-':>8} {'-':>6}"
+            call_mode = f"{r['call_mode_speedup']:10.2f}x" if "call_ms" in r else f"{'-':>11}"
             print(
-                f"{variant:8} {part:6} {r['step_ms']:9.1f} {r['min_ms']:9.1f} "
+                f"{variant:8} {part:22} {r['step_ms']:9.1f} {r['min_ms']:9.1f} "
                 f"{r['speedup']:7.2f}x {r['speedup_min']:5.2f}x "
                 f"{r['GFLOP']:8.1f} {r['flop_speedup']:6.2f}x "
-                f"{r['saved_MiB']:10.1f} {r['saved_reduction']:5.2f}x {call}"
+                f"{r['saved_MiB']:10.1f} {r['saved_reduction']:5.2f}x {call} "
+                f"{r['mode_speedup']:6.2f}x {call_mode} {r['warmup_s']:9.1f}"
             )
     if args.json:
         config = {"L": seq, "dim": args.dim, "depth": DEPTH, "heads": HEADS, "split": SPLIT, "keep_ratio": KEEP,
-                  "img": img, "bf16": args.bf16, "batch": batch, "steps": args.steps,
+                  "img": img, "bf16": args.bf16, "batch": batch, "steps": args.steps, "modes": args.modes,
                   "device": where, "torch": torch.__version__}
         with open(args.json, "w") as f:
             json.dump({"config": config, "expected": expected, "expected_paper_scale": paper, "results": results},

@@ -3,6 +3,7 @@
     python benchmarks/bench_sparse.py                       # CPU, batch 1, 8 timed steps (~2 min, 2 cores)
     python benchmarks/bench_sparse.py --device cuda --batch 8 --steps 20 --json out.json
     python benchmarks/bench_sparse.py --device cuda --bf16 --img 128 256     # bf16 autocast, L=8192
+    python benchmarks/bench_sparse.py --device cuda --bf16 --modes eager reduce-overhead captured
 
 Config (paper's base model, Sec. 4.1): D=256, depth 12, 4 heads, split (2, 8, 2), r=0.25, a 64x128 grid
 with patch 2 -> L=2048 tokens, 5 variables x 2 history steps + 2 constants.
@@ -12,12 +13,15 @@ model with the latitude-weighted MSE) it reports:
   step_ms    median wall time of forward + backward + AdamW step (after 2 warm-up steps; the six
              measurements are interleaved step by step so load drift hits all of them alike)
   min_ms     fastest of the timed steps (less sensitive to other processes on a shared machine)
-  speedup    dense step_ms / this step_ms (same part); min_x: the same from min_ms
+  speedup    dense step_ms / this step_ms (same part and mode); min_x: the same from min_ms
   GFLOP      forward + backward FLOPs counted by torch.utils.flop_counter (CPU flash-SDPA registered)
   flop_x     dense GFLOP / this GFLOP
   saved_MiB  bytes of every tensor autograd saves during the forward (saved_tensors_hooks; a tensor
              saved twice counts twice, parameters included)
   mem_x      dense saved_MiB / this saved_MiB
+  mode_x     eager step_ms / this step_ms (same variant and part): what compiling or capturing gains
+  warmup_s   wall time of the warm-up steps (eager: one; compiled: compilation; captured: warm-up and capture)
+With --modes, every variant and part runs once per mode ("full@captured"), all interleaved in one run.
 and, beside them, the analytic block-stack speedups:
   paper        N / (n1 + n2 r^2 + n3)                        (Eq. 10, attention term only)
   exact        sum over blocks of c(n) = 12 n D^2 + 2 n^2 D  (linear layers scale with r, attention r^2)
@@ -26,13 +30,14 @@ and, beside them, the analytic block-stack speedups:
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
 import statistics
 
 import torch
 import torch.nn as nn
-from step_bench import StepBench, profile
+from step_bench import MODES, StepBench, profile
 
 from wxray.models import (
     Block,
@@ -81,8 +86,28 @@ def make_model(variant: str, img: tuple[int, int] = IMG) -> nn.Module:
     return cls(N_VARS, HISTORY, N_CONST, N_OUT, img, PATCH, DIM, DEPTH, HEADS, MLP_RATIO, SPLIT, keep)
 
 
+def row_key(part: str, mode: str) -> str:
+    """A result row's part, with the mode where it is not eager ("full@captured")."""
+    return part if mode == "eager" else f"{part}@{mode}"
+
+
+def add_ratios(results: dict) -> None:
+    """speedup (dense / this, same part and mode), FLOP and memory ratios, and mode_x (eager / this, same row)."""
+    for variant in results:
+        for key, r in results[variant].items():
+            dense, eager = results["dense"][key], results[variant][key.split("@")[0]]
+            r["speedup"] = dense["step_ms"] / r["step_ms"]
+            r["speedup_min"] = dense["min_ms"] / r["min_ms"]
+            r["flop_speedup"] = dense["GFLOP"] / r["GFLOP"]
+            r["saved_reduction"] = dense["saved_MiB"] / r["saved_MiB"]
+            r["mode_speedup"] = eager["step_ms"] / r["step_ms"]
+            for call in ("call_ms",) if "call_ms" in r else ():
+                r["call_speedup"] = dense[call] / r[call]
+                r["call_mode_speedup"] = eager[call] / r[call]
+
+
 def run(device: torch.device, steps: int, batch: int, img: tuple[int, int] = IMG, bf16: bool = False,
-        profiled: bool = False) -> dict:
+        profiled: bool = False, modes: tuple[str, ...] = ("eager",)) -> dict:
     torch.manual_seed(0)
     seq = (img[0] // PATCH) * (img[1] // PATCH)
     lat_w = latitude_weights(torch.linspace(-88.6, 88.6, img[0])).to(device)
@@ -94,16 +119,17 @@ def run(device: torch.device, steps: int, batch: int, img: tuple[int, int] = IMG
     benches = {}
     for variant in ("dense", "sparse", "sprint"):
         stack, model = make_stack(variant), make_model(variant, img)
-        benches[variant, "stack"] = StepBench(
-            stack, lambda g, s=stack: nn.functional.mse_loss(s(tokens[0], generator=g).float(), tokens[1]),
-            device, seed=1, bf16=bf16)
-        benches[variant, "full"] = StepBench(
-            model, lambda g, m=model: lat_weighted_mse(m(fields[0], generator=g).float(), fields[1], lat_w),
-            device, seed=2, bf16=bf16)
+        for mode in modes:  # every mode trains its own copy of the same initial weights
+            s, m = (stack, model) if mode == modes[0] else (copy.deepcopy(stack), copy.deepcopy(model))
+            benches[variant, row_key("stack", mode)] = StepBench(
+                s, lambda mod, g: nn.functional.mse_loss(mod(tokens[0], generator=g).float(), tokens[1]),
+                device, seed=1, bf16=bf16, mode=mode)
+            benches[variant, row_key("full", mode)] = StepBench(
+                m, lambda mod, g: lat_weighted_mse(mod(fields[0], generator=g).float(), fields[1], lat_w),
+                device, seed=2, bf16=bf16, mode=mode)
     probes = {key: b.probe() for key, b in benches.items()}
     for b in benches.values():
-        b.step()  # second warm-up step, discarded
-        b.times.clear()
+        b.warm_up()  # eager: the second warm-up step, discarded; compiled / captured: until steady
     # round-robin, so load from other processes drifts over all variants alike
     for _ in range(steps):
         for b in benches.values():
@@ -114,19 +140,14 @@ def run(device: torch.device, steps: int, batch: int, img: tuple[int, int] = IMG
             profile(benches[key], " ".join(key))
 
     results: dict[str, dict[str, dict[str, float]]] = {}
-    for (variant, part), b in benches.items():
-        results.setdefault(variant, {})[part] = {
+    for (variant, key), b in benches.items():
+        results.setdefault(variant, {})[key] = {
             "step_ms": 1e3 * statistics.median(b.times),
             "min_ms": 1e3 * min(b.times),
-            **probes[variant, part],
+            "warmup_s": b.warmup_s,
+            **probes[variant, key],
         }
-    for variant in results:
-        for part, r in results[variant].items():
-            dense = results["dense"][part]
-            r["speedup"] = dense["step_ms"] / r["step_ms"]
-            r["speedup_min"] = dense["min_ms"] / r["min_ms"]
-            r["flop_speedup"] = dense["GFLOP"] / r["GFLOP"]
-            r["saved_reduction"] = dense["saved_MiB"] / r["saved_MiB"]
+    add_ratios(results)
     return results
 
 
@@ -138,14 +159,19 @@ def main() -> None:
     parser.add_argument("--img", type=int, nargs=2, default=IMG, metavar=("H", "W"))
     parser.add_argument("--bf16", action="store_true", help="forward under bf16 autocast (loss and optimizer fp32)")
     parser.add_argument("--profile", action="store_true", help="print torch.profiler tables of the stack steps")
+    parser.add_argument("--modes", nargs="+", choices=MODES, default=["eager"],
+                        help="eager, torch.compile modes, captured (CUDA graph of the whole step); the first is the "
+                             "reference of mode_x")
     parser.add_argument("--json", default=None, help="also write results to this JSON file")
     args = parser.parse_args()
+    if args.modes[0] != "eager":
+        parser.error("--modes must start with eager (the reference of mode_x)")
     device = torch.device(args.device)
     batch = args.batch or (1 if device.type == "cpu" else 8)
     img = tuple(args.img)
     seq = (img[0] // PATCH) * (img[1] // PATCH)
 
-    results = run(device, args.steps, batch, img, args.bf16, args.profile)
+    results = run(device, args.steps, batch, img, args.bf16, args.profile, tuple(args.modes))
     expected = expected_speedups(n=seq)
     where = f"{args.device}, {torch.get_num_threads()} threads" if device.type == "cpu" else args.device
     if device.type == "cuda":
@@ -156,18 +182,18 @@ def main() -> None:
         f"with linear terms = {expected['exact']:.2f}x"
     )
     header = (
-        f"{'variant':8} {'part':6} {'step_ms':>9} {'min_ms':>9} {'speedup':>8} {'min_x':>6} "
-        f"{'GFLOP':>8} {'flop_x':>7} {'saved_MiB':>10} {'mem_x':>6}"
+        f"{'variant':8} {'part':22} {'step_ms':>9} {'min_ms':>9} {'speedup':>8} {'min_x':>6} "
+        f"{'GFLOP':>8} {'flop_x':>7} {'saved_MiB':>10} {'mem_x':>6} {'mode_x':>7} {'warmup_s':>9}"
     )
     print(header)
     print("-" * len(header))
     for variant, parts in results.items():
         for part, r in parts.items():
             print(
-                f"{variant:8} {part:6} {r['step_ms']:9.1f} {r['min_ms']:9.1f} "
+                f"{variant:8} {part:22} {r['step_ms']:9.1f} {r['min_ms']:9.1f} "
                 f"{r['speedup']:7.2f}x {r['speedup_min']:5.2f}x "
                 f"{r['GFLOP']:8.1f} {r['flop_speedup']:6.2f}x "
-                f"{r['saved_MiB']:10.1f} {r['saved_reduction']:5.2f}x"
+                f"{r['saved_MiB']:10.1f} {r['saved_reduction']:5.2f}x {r['mode_speedup']:6.2f}x {r['warmup_s']:9.1f}"
             )
     if args.json:
         config = {
@@ -181,6 +207,7 @@ def main() -> None:
             "keep_ratio": KEEP,
             "batch": batch,
             "steps": args.steps,
+            "modes": args.modes,
             "device": where,
             "torch": torch.__version__,
         }

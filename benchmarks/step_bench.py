@@ -1,4 +1,5 @@
-"""What bench_sparse.py and bench_edm.py share: one training step of a module, timed, FLOP-counted, profiled."""
+"""What bench_sparse.py and bench_edm.py share: one training step of a module (eager, compiled or captured), timed,
+FLOP-counted, profiled."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ import torch
 import torch.nn as nn
 from torch.utils import flop_counter
 
+from wxray.models.compiled import COMPILE_MODES, compile_module
 from wxray.platform.cluster.devices import compute
+from wxray.platform.train.step_graph import WARMUP_STEPS, StepGraph, capturable_adamw
 
 
 def _sdpa_cpu_flops() -> dict:
@@ -28,26 +31,44 @@ def _sdpa_cpu_flops() -> dict:
     }
 
 
-class StepBench:
-    """A module, AdamW and a loss closure loss_fn(generator); `probe()` counts FLOPs and saved bytes, `step()`
-    times a step. With bf16 the closure runs as the training loops run a forward (`devices.compute`:
-    bf16 autocast on the device's best attention kernels); parameters and optimizer stay fp32."""
+MODES = ("eager", *COMPILE_MODES[1:], "captured")  # torch.compile's modes; captured = the whole step as a CUDA graph
 
-    def __init__(self, module: nn.Module, loss_fn: Callable[[torch.Generator], torch.Tensor],
-                 device: torch.device, seed: int, bf16: bool = False):
-        self.module = module.to(device).train()
-        self.amp = lambda: compute(device, torch.bfloat16 if bf16 else None)
-        self.opt = torch.optim.AdamW(module.parameters(), lr=1e-4)
+
+class StepBench:
+    """A module, AdamW and a loss closure loss_fn(module, generator); `probe()` counts FLOPs and saved bytes, `step()`
+    times a step. With bf16 the closure runs as the training loops run a forward (`devices.compute`:
+    bf16 autocast on the device's best attention kernels); parameters and optimizer stay fp32.
+
+    `mode`: "eager", a torch.compile mode (models/compiled.py) or "captured" (the training loop's StepGraph: forward,
+    backward and AdamW replayed as one CUDA graph). `warm_up()` runs the steps a mode needs before it is steady
+    (compilation, CUDA-graph recording) and times them together: `warmup_s`, reported apart from the steps."""
+
+    def __init__(self, module: nn.Module, loss_fn: Callable[[nn.Module, torch.Generator], torch.Tensor],
+                 device: torch.device, seed: int, bf16: bool = False, mode: str = "eager"):
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+        if mode == "captured" and device.type != "cuda":
+            raise ValueError("mode=captured needs a CUDA device")
+        self.eager = module.to(device).train()
+        self.module = self.eager if mode in ("eager", "captured") else compile_module(self.eager, mode, device)
+        self.mode, self.amp = mode, lambda: compute(device, torch.bfloat16 if bf16 else None)
+        params = list(module.parameters())
+        self.opt = capturable_adamw(params, 1e-4, device) if mode == "captured" else torch.optim.AdamW(params, lr=1e-4)
         self.gen = torch.Generator(device=device).manual_seed(seed)
+        self.graph = StepGraph(self._step, self.opt, device, say=lambda line: None) if mode == "captured" else None
+        if self.graph is not None:
+            self.graph.reseed(seed)
         self.loss_fn, self.device = loss_fn, device
         self.times: list[float] = []
+        self.warmup_s = 0.0
 
     def sync(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
     def probe(self) -> dict[str, float]:
-        """A warm-up step under FlopCounterMode (fwd + bwd FLOPs) and saved_tensors_hooks (forward only)."""
+        """A warm-up step of the eager module under FlopCounterMode (fwd + bwd FLOPs) and saved_tensors_hooks
+        (forward only): the same counts whatever the mode."""
         saved = 0
 
         def pack(t: torch.Tensor) -> torch.Tensor:
@@ -58,19 +79,35 @@ class StepBench:
         with flop_counter.FlopCounterMode(display=False, custom_mapping=_sdpa_cpu_flops()) as counter:
             self.opt.zero_grad(set_to_none=True)
             with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), self.amp():
-                loss = self.loss_fn(self.gen)
+                loss = self.loss_fn(self.eager, self.gen)
             loss.backward()
             self.opt.step()
         return {"GFLOP": counter.get_total_flops() / 1e9, "saved_MiB": saved / 2**20}
 
+    def _step(self, batch: dict, w: torch.Tensor, gen: torch.Generator):
+        with self.amp():
+            loss = self.loss_fn(self.module, gen) * w
+        loss.backward()
+        self.opt.step()
+        return loss.detach(), None
+
+    def warm_up(self) -> None:
+        """Eager: one step. Compiled or captured: the steps until replays are steady (compile or capture, and
+        the CUDA-graph recordings of reduce-overhead); `warmup_s` is their wall time."""
+        t0 = time.perf_counter()
+        for _ in range(1 if self.mode == "eager" else WARMUP_STEPS + 2):
+            self.step()
+        self.warmup_s = time.perf_counter() - t0
+        self.times.clear()
+
     def step(self) -> None:
         self.sync()
         t0 = time.perf_counter()
-        self.opt.zero_grad(set_to_none=True)
-        with self.amp():
-            loss = self.loss_fn(self.gen)
-        loss.backward()
-        self.opt.step()
+        if self.graph is not None:
+            self.graph({}, 1.0)
+        else:
+            self.opt.zero_grad(set_to_none=True)
+            self._step({}, 1.0, self.gen)
         self.sync()
         self.times.append(time.perf_counter() - t0)
 

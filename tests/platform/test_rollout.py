@@ -178,6 +178,22 @@ def test_routing_members_are_own_draws_and_recompute_alone(tiny_store):
     assert not np.array_equal(rollout(model, spec, anchors, steps=2, seed=8), plain)
 
 
+def test_a_compiled_rollout_draws_and_forecasts_as_the_eager_one(tiny_store):
+    from wxray.models.compiled import compile_forecaster
+
+    path, _ = tiny_store
+    store = open_store(path)
+    spec = make_spec(str(path), store, open_stats(path), WindowConfig(history=2, lead_steps=1, levels=[500]))
+    model, anchors = _tiny_model(spec), np.array([3, 15])
+    eager = rollout(model, spec, anchors, steps=2, seed=7, members=[0, 1, 2], batch_size=6)
+    compiled = compile_forecaster(model, "default", backend="aot_eager")
+    assert compiled is not model
+    batched = rollout(compiled, spec, anchors, steps=2, seed=7, members=[0, 1, 2], batch_size=6)
+    alone = rollout(compiled, spec, anchors[1:], steps=2, seed=7, members=[2], batch_size=1)
+    assert np.array_equal(batched, eager)  # the same draws and the same kernels (CPU): the same bits
+    assert np.array_equal(alone[0, 0], batched[1, 2])  # a member recomputed alone, compiled
+
+
 def test_the_one_seed_scheme():
     """Every draw's seed comes from its coordinates: a forecaster's member m is (m,), a nested ensemble's draws
     (source, i, j, k); the same function for both (train/seeds.py)."""

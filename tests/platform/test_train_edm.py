@@ -12,11 +12,14 @@ from tests.platform.test_trainer import _history, _run
 
 @pytest.mark.slow
 def test_edm_trains_sharded_and_forecasts_sample_ensembles(ray_session, wave_store, tmp_path, capsys):
-    out = tmp_path / "edm"
+    out, console = tmp_path / "edm", []
     rc, res, err = _run(capsys, wave_store, tmp_path, f"out_dir={out}", "model.name=edm", "scaling.num_workers=2",
                         "scaling.cpus_per_worker=0.5", "train.epochs=2", "train.routing_members=2",
-                        "sampler.steps=2", "sampler.sigma_max=10")
+                        "sampler.steps=2", "sampler.sigma_max=10", "train.cuda_graphs=true", console=console)
     assert rc == 0, err
+    # asked for CUDA graphs on CPU workers: one line says the steps run uncaptured, and training goes on
+    said = [line for line in console if "train.cuda_graphs:" in line]
+    assert len(said) == 1 and "need a CUDA device, the steps run uncaptured on cpu" in said[0], console
     run = res["mlflow_run_id"]
     assert set(_history(tmp_path, run, "train/fsdp_sharded")) == {1.0}  # EDM blocks sharded as FSDP2 units
     losses = _history(tmp_path, run, "train/epoch_loss")

@@ -26,10 +26,13 @@ SMALL = ["data.generate_sample=false", "model.embed_dim=32", "model.depth=4", "m
          "train.rollout_steps=2"]
 
 
-def _run(capsys, store, tmp_path, *extra):
+def _run(capsys, store, tmp_path, *extra, console: list | None = None):
+    """(exit code, RESULT, stderr) of a training job; its stdout lines are appended to `console` if given."""
     argv = [f"data.store={store}", f"tracking.uri=sqlite:///{tmp_path}/mlflow.db", *SMALL, *extra]
     rc = run_job("train_sparse", TrainSparseConfig, train_sparse, argv)
     cap = capsys.readouterr()
+    if console is not None:
+        console.extend(cap.out.splitlines())
     results = [line for line in cap.out.splitlines() if line.startswith("RESULT ")]
     return rc, (json.loads(results[-1][7:]) if results else None), cap.err
 

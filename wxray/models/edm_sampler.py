@@ -84,7 +84,8 @@ def sample_stochastic(
         routing = model.draw_routing(B, generator, device)
 
     def denoise(x_: Tensor, sigma: float) -> Tensor:
-        return model(x_, sigma, cond, generator=generator, routing=routing)
+        # a tensor, not a float: a compiled denoiser would otherwise recompile for every noise level
+        return model(x_, torch.full((), sigma, device=device), cond, generator=generator, routing=routing)
 
     gamma_max = min(s_churn / steps, math.sqrt(2) - 1)
     for t_cur, t_next in zip(t[:-1], t[1:]):

@@ -41,6 +41,7 @@ from wxray.data.window_data import DataConfig
 from wxray.data.windows import WindowSpec, fit_spec, make_spec
 from wxray.errors import CheckpointError, ConfigError
 from wxray.job import JobConfig, JobContext, recorded_path
+from wxray.models.compiled import CompileMode, compile_forecaster
 from wxray.models.registry import ModelConfig, SamplerConfig, channel_signature
 from wxray.platform.train import checkpoints, mlflow_model
 from wxray.platform.train.checkpoint_forecast import forecast_and_score, load_forecaster
@@ -63,6 +64,9 @@ class ForecastConfig(JobConfig):
     # (models/batch_invariance.py), on a GPU only with batch_size=1
     batch_size: PosInt = 8
     device: str = "auto"  # auto (a GPU when there is one), cpu, cuda, cuda:1; must exist on this machine
+    # torch.compile the forecaster (an edm one: its denoiser) for the rollout: off, default, reduce-overhead (CUDA
+    # graphs), max-autotune; pays on a GPU, where a small forward is bound by kernel launches (models/compiled.py)
+    compile: CompileMode = "off"
 
     experiment = "wxray-forecast"
     renamed = {"routing_members": "members"}  # one release
@@ -232,6 +236,7 @@ def forecast(cfg: ForecastConfig, ctx: JobContext) -> dict[str, Any]:
     tracker = ctx.tracker  # every input is checked: the run starts here
 
     members = list(range(cfg.members)) if cfg.members > 1 else None
+    model = compile_forecaster(model.to(device), cfg.compile, device)
     run = forecast_and_score(model, spec, ds, anchors, cfg.steps, ctx.out_dir, tracker, seed=cfg.seed,
                              batch_size=cfg.batch_size, members=members, device=device,
                              attrs={"checkpoint": where, "seed": cfg.seed, "store": store})

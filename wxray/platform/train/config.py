@@ -9,6 +9,7 @@ from wxray.config import Fraction, InPath, NonNegFloat, NonNegInt, PosFloat, Pos
 from wxray.data.window_data import DataConfig
 from wxray.errors import ConfigError
 from wxray.job import JobConfig
+from wxray.models.compiled import CompileMode, compile_mode
 from wxray.models.registry import ModelConfig, SamplerConfig
 from wxray.platform.cluster.devices import Precision
 from wxray.platform.cluster.scaling import ScalingCfg
@@ -34,7 +35,12 @@ class LoopConfig:
     keep_checkpoints: PosInt = 2  # newest checkpoints kept
     precision: Precision = "auto"  # auto: bf16 on GPUs that have it, fp32 on CPU
     activation_checkpointing: bool = False  # recompute each block in backward (less memory, more time)
-    compile: bool = False  # torch.compile the model
+    # torch.compile the model: off, default, reduce-overhead (CUDA graphs of the compiled parts), max-autotune;
+    # random draws stay eager between compiled graphs (models/compiled.py); true = default
+    compile: CompileMode | bool = "off"
+    # capture the whole step (forward, backward, clip, AdamW) as one CUDA graph and replay it for every batch of
+    # its shape; one line says why where it cannot be (platform/train/step_graph.py)
+    cuda_graphs: bool = False
     fsdp: bool = True  # FSDP2 fully_shard per block when num_workers > 1 (else DDP)
     seed: Seed = 0  # initial weights, token selections and dropout masks
     max_failures: NonNegInt = 1  # worker failures Ray Train recovers from (restarting from the checkpoint)
@@ -50,6 +56,12 @@ class LoopConfig:
     # Fault drill: worker rank 1 (or 0 with one worker) kills its own process once, after the first step
     # of this epoch, to exercise FailureConfig + resume. -1 = off.
     fault_drill_epoch: Annotated[int, Range(-1)] = -1
+
+    def validate(self) -> None:
+        self.compile = compile_mode(self.compile)  # the older true / false as modes
+        if self.cuda_graphs and self.compile in ("reduce-overhead", "max-autotune"):
+            raise ConfigError(f"train.cuda_graphs captures the whole step itself: use it with train.compile=off, "
+                              f"default or max-autotune-no-cudagraphs, not {self.compile} (which captures its own)")
 
 
 @dataclass

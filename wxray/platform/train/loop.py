@@ -26,11 +26,13 @@ import numpy as np
 import torch
 
 from wxray.models import latitude_weights
+from wxray.models.compiled import compile_module
 from wxray.platform.cluster import devices, memory
 from wxray.platform.train import checkpoints
 from wxray.platform.train.batches import dummy_like, epoch_batches, epoch_generator, lockstep_batches
 from wxray.platform.train.interrupt import StopPoll
 from wxray.platform.train.reporting import Reporter, stop_requested
+from wxray.platform.train.step_graph import StepFn, StepGraph, capturable_adamw, set_lr, why_not_captured
 from wxray.platform.train.tasks import Task
 
 
@@ -166,6 +168,24 @@ def _prepare(setup: LoopSetup, device, world: int) -> torch.nn.Module:
     return model
 
 
+def _step_fn(task: Task, model: torch.nn.Module, opt: torch.optim.Optimizer, lat_w: torch.Tensor, device,
+             dtype, grad_clip: float) -> StepFn:
+    """One step after zero_grad: forward, backward, clip, optimizer step -> (weighted loss, auxiliary loss)."""
+
+    def step(batch: dict, w, gen, meter: memory.SavedActivationMeter | None = None):
+        with devices.compute(device, dtype), meter.measure() if meter else contextlib.nullcontext():
+            loss, aux = task.loss(model, batch, lat_w, gen)
+            loss = loss * w
+        # added even at weight 0, so the head's parameters always get a gradient (DDP requires it)
+        (loss if aux is None else loss + task.aux_weight * w * aux).backward()
+        if grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+        opt.step()
+        return loss.detach(), None if aux is None else aux.detach()
+
+    return step
+
+
 def train_fn_per_worker(config: dict[str, Any]) -> None:
     import ray.train
 
@@ -177,8 +197,13 @@ def train_fn_per_worker(config: dict[str, Any]) -> None:
     if device.type == "cpu":
         devices.set_cpu_threads(cfg.scaling.cpus_per_worker)
     model = _prepare(setup, device, world)
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.optim.lr,
-                            weight_decay=cfg.optim.weight_decay, betas=tuple(cfg.optim.betas))
+    uncaptured = why_not_captured(device, world, cfg.train.activation_checkpointing) if cfg.train.cuda_graphs else ""
+    params = [p for p in model.parameters() if p.requires_grad]
+    adamw = dict(weight_decay=cfg.optim.weight_decay, betas=tuple(cfg.optim.betas))
+    if uncaptured is None:
+        opt = capturable_adamw(params, cfg.optim.lr, device, **adamw)
+    else:
+        opt = torch.optim.AdamW(params, lr=cfg.optim.lr, **adamw)
     total_samples, warmup_samples, peak_lr = sample_schedule(cfg, setup.n_train, world)
 
     start_epoch, step, seen = 0, 0, 0
@@ -190,13 +215,17 @@ def train_fn_per_worker(config: dict[str, Any]) -> None:
         set_state(model, opt, state["model"], state["optimizer"])
         torch.set_rng_state(state["torch_rng"])
         step, seen = int(state["step"]), int(state["samples_seen"])
-    if cfg.train.compile:
-        model = torch.compile(model)
+    reporter = Reporter(rank, setup.tracking_uri, setup.mlflow_run_id, progress=setup.progress)
+    say = reporter.say if rank == 0 else (lambda line: None)
+    model = compile_module(model, cfg.train.compile, device, say=say)
 
     dtype = devices.autocast_dtype(cfg.train.precision, device)
     lat_w = latitude_weights(torch.as_tensor(task.spec.latitude, dtype=torch.float32)).to(device)  # kept rows
     dummy = dummy_like(setup.example, device)
-    reporter = Reporter(rank, setup.tracking_uri, setup.mlflow_run_id, progress=setup.progress)
+    step_fn = _step_fn(task, model, opt, lat_w, device, dtype, cfg.optim.grad_clip)
+    graph = StepGraph(step_fn, opt, device, say=say) if uncaptured is None else None
+    if uncaptured:
+        say(f"train.cuda_graphs: {uncaptured}")
     meter_exclude = memory.SavedActivationMeter.parameter_pointers(model)
     train_shard = ray.train.get_dataset_shard("train")
     val_shard = ray.train.get_dataset_shard("val") if setup.has_val else None
@@ -206,6 +235,8 @@ def train_fn_per_worker(config: dict[str, Any]) -> None:
 
     for epoch in range(start_epoch, cfg.train.epochs):
         gen = epoch_generator(cfg.train.seed, epoch, rank)
+        if graph is not None:  # the same seed, drawn on the device (step_graph.py)
+            graph.reseed(gen.initial_seed())
         model.train()
         memory.reset_peak_memory(device)
         t_epoch, n_samples, losses, act_bytes = time.perf_counter(), 0, [], 0
@@ -220,18 +251,12 @@ def train_fn_per_worker(config: dict[str, Any]) -> None:
             t0 = time.perf_counter()
             measure = step % cfg.train.log_every == 0
             meter = memory.SavedActivationMeter(meter_exclude)
-            with devices.compute(device, dtype), (meter.measure() if measure else contextlib.nullcontext()):
-                loss, aux = task.loss(model, batch, lat_w, gen)
-                loss = loss * w
-            opt.zero_grad(set_to_none=True)
-            # added even at weight 0, so the head's parameters always get a gradient (DDP requires it)
-            (loss if aux is None else loss + task.aux_weight * w * aux).backward()
-            if cfg.optim.grad_clip > 0:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip)
-            lr = peak_lr * lr_factor(seen, warmup_samples, total_samples, cfg.optim.min_lr_ratio)
-            for group in opt.param_groups:
-                group["lr"] = lr
-            opt.step()
+            set_lr(opt, lr := peak_lr * lr_factor(seen, warmup_samples, total_samples, cfg.optim.min_lr_ratio))
+            if graph is not None:  # a replay: the saved activations are those the capture measured
+                loss, aux = graph(batch, w)
+            else:
+                opt.zero_grad(set_to_none=True)
+                loss, aux = step_fn(batch, w, gen, meter if measure else None)
             step, seen = step + 1, seen + n_global
             n = int(batch["x"].shape[0]) if w else 0
             n_samples += n
@@ -242,7 +267,8 @@ def train_fn_per_worker(config: dict[str, Any]) -> None:
                 m = {"train/loss": loss.item() / w if w else float("nan"),
                      **({"train/selector_loss": aux.item()} if aux is not None and w else {}),
                      "train/lr": lr, "train/step_time_s": dt,
-                     "train/samples_per_s_per_worker": n / dt, "train/saved_activation_bytes": meter.bytes}
+                     "train/samples_per_s_per_worker": n / dt,
+                     **({} if graph else {"train/saved_activation_bytes": meter.bytes})}  # a replay saves none
                 act_bytes = max(act_bytes, meter.bytes)
                 peak = memory.peak_memory_bytes(device)
                 if peak is not None:

@@ -142,8 +142,11 @@ class ForecasterTask(Task):
         return model
 
     def loss(self, model, batch, lat_w, generator):
-        var_w = torch.tensor([self.var_weights.get(c.name, 1.0) for c in self.spec.targets], device=lat_w.device)
-        return training_loss(model, self.model, self.spec, batch, lat_w, var_w, generator)
+        # made once per device: a host-to-device copy inside the step would stop its CUDA-graph capture
+        if getattr(self, "_var_w", None) is None or self._var_w.device != lat_w.device:
+            self._var_w = torch.tensor([self.var_weights.get(c.name, 1.0) for c in self.spec.targets],
+                                       device=lat_w.device)
+        return training_loss(model, self.model, self.spec, batch, lat_w, self._var_w, generator)
 
     def validate(self, model, batches, lat_w, device, world, dtype, dummy, final):
         return validate(model, batches, self.spec, lat_w, device, world, dtype, self.seed, dummy, self.model,

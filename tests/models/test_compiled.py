@@ -1,0 +1,102 @@
+"""torch.compile of every registered model: the same numbers as eager, random draws included (models/compiled.py).
+
+Dynamo's graphs and AOT autograd are what fail on a model (graph breaks that cannot be split, data-dependent
+shapes, mutated state); Inductor's code generation is the slow part on a CPU (a minute for the tiny model on two
+cores) and is exercised on the GPU by benchmarks/gpu.sh. So these tests compile with backend="aot_eager".
+"""
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+from wxray.errors import ConfigError
+from wxray.models import EDMForecaster, edm_loss, lat_weighted_mse
+from wxray.models.blocks import RowGenerators
+from wxray.models.compiled import compile_mode, compile_module, host_checks, mode_for
+from wxray.models.registry import MODELS, build_model
+
+
+def _kwargs(tiny_kwargs, name):
+    extra = {"drop_path": 0.1} if name == "droppath" else {"keep_ratio": 0.25, "dropout": 0.1}
+    if name == "edm":
+        extra = {"keep_ratio": 0.25}
+    return {**tiny_kwargs, "depth": 3, "split": (1, 1, 1), **extra}
+
+
+def _step(model, name, x, lat_w):
+    """One training forward + backward from a fixed generator: (loss, gradients, the generator's end state)."""
+    g = torch.Generator().manual_seed(7)
+    model.zero_grad(set_to_none=True)
+    if name == "edm":
+        loss = edm_loss(model, x[:, :3], x, lat_w, g)
+    else:
+        loss = lat_weighted_mse(model(x, generator=g), x[:, :3], lat_w)
+    loss.backward()
+    return loss.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None], g.get_state()
+
+
+@pytest.mark.parametrize("name", [n if n == "reslim" else pytest.param(n, marks=pytest.mark.slow) for n in MODELS])
+def test_every_model_trains_compiled_with_the_eager_numbers(name, tiny_kwargs, tiny_input):
+    torch.manual_seed(0)
+    kwargs = _kwargs(tiny_kwargs, name)
+    if name == "edm":
+        kwargs["n_vars"], kwargs["n_out"] = 3, 3
+    model = build_model(name, **kwargs).train()
+    x = tiny_input[:, :7] if name != "edm" else tiny_input
+    if name == "edm":  # the denoiser's conditioning: its own input layout
+        x = torch.randn(2, model.cond_channels, 16, 32, generator=torch.Generator().manual_seed(1))
+    lat_w = torch.ones(16)
+    eager = _step(model, name, x, lat_w)
+    compiled = _step(compile_module(model, "default", backend="aot_eager"), name, x, lat_w)
+    assert torch.equal(eager[0], compiled[0])
+    assert len(eager[1]) == len(compiled[1]) > 0
+    for a, b in zip(eager[1], compiled[1]):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+    assert torch.equal(eager[2], compiled[2])  # the same draws, in the same order: the generator ends alike
+
+
+def test_compiled_sampler_call_matches_and_compiles_once_for_all_noise_levels(tiny_kwargs):
+    torch.manual_seed(0)
+    denoiser = build_model("edm", **_kwargs(tiny_kwargs, "edm")).eval()
+    cond = torch.randn(4, denoiser.cond_channels, 16, 32, generator=torch.Generator().manual_seed(2))
+    eager = EDMForecaster(denoiser, steps=6)
+    compiled = EDMForecaster(compile_module(denoiser, "default", backend="aot_eager"), steps=6)
+    counters.clear()
+    with torch.no_grad():
+        a = eager(cond, generator=RowGenerators.from_seeds(range(4)))
+        b = compiled(cond, generator=RowGenerators.from_seeds(range(4)))
+        graphs = counters["stats"]["unique_graphs"]
+        c = compiled(cond, generator=RowGenerators.from_seeds(range(4)))
+    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert torch.equal(b, c)
+    # the 11 denoiser calls at 6 noise levels reuse one set of graphs: sigma is a tensor, not a constant
+    assert counters["stats"]["unique_graphs"] == graphs
+    assert not counters["recompiles"]
+
+
+def test_modes_and_their_fallback_off_cuda():
+    assert compile_mode(True) == "default" and compile_mode(False) == "off"
+    assert mode_for("default", "cpu") == ("default", None)
+    mode, line = mode_for("reduce-overhead", "cpu")
+    assert mode == "default" and "CUDA graphs need a CUDA device" in line and "\n" not in line
+    assert mode_for("max-autotune", "cpu")[0] == "max-autotune-no-cudagraphs"
+    with pytest.raises(ValueError, match="compile mode must be one of"):
+        compile_mode("fast")
+    model = torch.nn.Linear(2, 2)
+    assert compile_module(model, "off") is model
+    said = []
+    wrapped = compile_module(model, "reduce-overhead", "cpu", backend="aot_eager", say=said.append)
+    assert wrapped is not model and wrapped.weight is model.weight and len(said) == 1
+    assert host_checks(torch.zeros(1))
+
+
+def test_train_keys_take_modes_and_refuse_two_captures():
+    from wxray.config import from_dict, parse_override
+    from wxray.platform.train.config import TrainSparseConfig
+
+    assert from_dict(TrainSparseConfig, parse_override("train.compile=true")).train.compile == "default"
+    assert from_dict(TrainSparseConfig, parse_override("train.compile=max-autotune")).train.compile == "max-autotune"
+    with pytest.raises(ConfigError, match="'train.compile' expects 'off', 'default'"):
+        from_dict(TrainSparseConfig, parse_override("train.compile=fast"))
+    with pytest.raises(ConfigError, match="train.cuda_graphs captures the whole step"):
+        from_dict(TrainSparseConfig, {"train": {"compile": "reduce-overhead", "cuda_graphs": True}})
