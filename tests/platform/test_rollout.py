@@ -294,3 +294,13 @@ def test_batch_invariance_switches_onednn_off_for_the_cpu_only_and_restores_it()
     with pytest.raises(RuntimeError), batch_invariant("cpu"):
         raise RuntimeError("a failed forward")
     assert torch.backends.mkldnn.enabled == before
+
+
+def test_batch_invariance_holds_for_convolutions_of_16_members():
+    """From a batch of 16 a CPU convolution goes to NNPACK, whose tiling depends on the batch: off, like oneDNN."""
+    from wxray.models.batch_invariance import batch_invariant
+
+    torch.manual_seed(0)
+    conv, x = torch.nn.Conv2d(8, 3, 3, padding=1), torch.randn(16, 8, 8, 16)
+    with torch.no_grad(), batch_invariant("cpu"):
+        assert torch.equal(conv(x), torch.cat([conv(x[i: i + 1]) for i in range(16)]))
