@@ -107,7 +107,8 @@ def add_ratios(results: dict) -> None:
 
 
 def run(device: torch.device, steps: int, batch: int, img: tuple[int, int] = IMG, bf16: bool = False,
-        profiled: bool = False, modes: tuple[str, ...] = ("eager",)) -> dict:
+        profiled: bool = False, modes: tuple[str, ...] = ("eager",),
+        variants: tuple[str, ...] = ("dense", "sparse", "sprint")) -> dict:
     torch.manual_seed(0)
     seq = (img[0] // PATCH) * (img[1] // PATCH)
     lat_w = latitude_weights(torch.linspace(-88.6, 88.6, img[0])).to(device)
@@ -117,7 +118,7 @@ def run(device: torch.device, steps: int, batch: int, img: tuple[int, int] = IMG
         torch.randn(batch, N_OUT, *img, device=device),
     )
     benches = {}
-    for variant in ("dense", "sparse", "sprint"):
+    for variant in variants:
         stack, model = make_stack(variant), make_model(variant, img)
         for mode in modes:  # every mode trains its own copy of the same initial weights
             s, m = (stack, model) if mode == modes[0] else (copy.deepcopy(stack), copy.deepcopy(model))
@@ -162,16 +163,19 @@ def main() -> None:
     parser.add_argument("--modes", nargs="+", choices=MODES, default=["eager"],
                         help="eager, torch.compile modes, captured (CUDA graph of the whole step); the first is the "
                              "reference of mode_x")
+    parser.add_argument("--variants", nargs="+", choices=("dense", "sparse", "sprint"),
+                        default=["dense", "sparse", "sprint"], help="dense is always run (the reference of speedup)")
     parser.add_argument("--json", default=None, help="also write results to this JSON file")
     args = parser.parse_args()
     if args.modes[0] != "eager":
         parser.error("--modes must start with eager (the reference of mode_x)")
+    variants = ("dense", *(v for v in args.variants if v != "dense"))
     device = torch.device(args.device)
     batch = args.batch or (1 if device.type == "cpu" else 8)
     img = tuple(args.img)
     seq = (img[0] // PATCH) * (img[1] // PATCH)
 
-    results = run(device, args.steps, batch, img, args.bf16, args.profile, tuple(args.modes))
+    results = run(device, args.steps, batch, img, args.bf16, args.profile, tuple(args.modes), variants)
     expected = expected_speedups(n=seq)
     where = f"{args.device}, {torch.get_num_threads()} threads" if device.type == "cpu" else args.device
     if device.type == "cuda":

@@ -115,7 +115,8 @@ class StepGraph:
         self.opt.zero_grad(set_to_none=True)
         torch.cuda.synchronize(self.device)
         try:
-            with torch.cuda.graph(self.graph):
+            # thread_local: Ray's and MLflow's threads in this process may touch CUDA while the step is captured
+            with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
                 self.out = self.step(self.static, self.weight, self.generator)
         except Exception as e:  # noqa: BLE001 - any failure to capture means: run eagerly, and say why
             self.failed = True
