@@ -15,11 +15,15 @@ def test_edm_trains_sharded_and_forecasts_sample_ensembles(ray_session, wave_sto
     out, console = tmp_path / "edm", []
     rc, res, err = _run(capsys, wave_store, tmp_path, f"out_dir={out}", "model.name=edm", "scaling.num_workers=2",
                         "scaling.cpus_per_worker=0.5", "train.epochs=2", "train.routing_members=2",
-                        "sampler.steps=2", "sampler.sigma_max=10", "train.cuda_graphs=true", console=console)
+                        "sampler.steps=2", "sampler.sigma_max=10", "train.cuda_graphs=true",
+                        "train.compile=default", "train.compile_backend=aot_eager", console=console)
     assert rc == 0, err
-    # asked for CUDA graphs on CPU workers: one line says the steps run uncaptured, and training goes on
+    # compiled (FSDP2-sharded, the EDM loss's draws eager between graphs); asked for CUDA graphs on CPU workers: one
+    # line says the steps run uncaptured, and training goes on
     said = [line for line in console if "train.cuda_graphs:" in line]
     assert len(said) == 1 and "need a CUDA device, the steps run uncaptured on cpu" in said[0], console
+    assert sum("compile: torch.compile of ResSlimEDM, backend=aot_eager" in line for line in console) == 1, \
+        "\n".join(console)
     run = res["mlflow_run_id"]
     assert set(_history(tmp_path, run, "train/fsdp_sharded")) == {1.0}  # EDM blocks sharded as FSDP2 units
     losses = _history(tmp_path, run, "train/epoch_loss")

@@ -24,6 +24,9 @@ import torch.nn as nn
 
 CompileMode = Literal["off", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
 COMPILE_MODES: tuple[str, ...] = CompileMode.__args__
+# inductor generates the kernels; aot_eager traces and differentiates the graphs without generating code (a quick
+# check that a model compiles, seconds where Inductor takes a minute on a CPU); the mode applies to inductor only
+CompileBackend = Literal["inductor", "aot_eager"]
 _NO_GRAPHS = {"reduce-overhead": "default", "max-autotune": "max-autotune-no-cudagraphs"}
 
 
@@ -57,9 +60,17 @@ def compile_module(module: nn.Module, mode: CompileMode | bool, device: torch.de
         return module
     if note:
         say(note)
-    if backend != "inductor":  # the tests' fast backend: Dynamo's graphs and AOT autograd without code generation
+    say(f"compile: torch.compile of {_model_name(module)}, backend={backend}"
+        + (f", mode={mode}" if backend == "inductor" else "") + " (compiles at its first call)")
+    if backend != "inductor":
         return torch.compile(module, backend=backend)
     return torch.compile(module, mode=mode)
+
+
+def _model_name(module: nn.Module) -> str:
+    """The model's own class name: FSDP2's fully_shard swaps a module's class for a generated FSDP<Name> subclass,
+    a name the user never wrote."""
+    return next(c.__name__ for c in type(module).__mro__ if not c.__name__.startswith("FSDP"))
 
 
 def compile_forecaster(model: nn.Module, mode: CompileMode | bool, device: torch.device | str = "cpu",

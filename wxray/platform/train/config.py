@@ -9,7 +9,7 @@ from wxray.config import Fraction, InPath, NonNegFloat, NonNegInt, PosFloat, Pos
 from wxray.data.window_data import DataConfig
 from wxray.errors import ConfigError
 from wxray.job import JobConfig
-from wxray.models.compiled import CompileMode, compile_mode
+from wxray.models.compiled import CompileBackend, CompileMode, compile_mode
 from wxray.models.registry import ModelConfig, SamplerConfig
 from wxray.platform.cluster.devices import Precision
 from wxray.platform.cluster.scaling import ScalingCfg
@@ -38,6 +38,7 @@ class LoopConfig:
     # torch.compile the model: off, default, reduce-overhead (CUDA graphs of the compiled parts), max-autotune;
     # random draws stay eager between compiled graphs (models/compiled.py); true = default
     compile: CompileMode | bool = "off"
+    compile_backend: CompileBackend = "inductor"  # aot_eager: traced without code generation (checks that it compiles)
     # capture the whole step (forward, backward, clip, AdamW) as one CUDA graph and replay it for every batch of
     # its shape; one line says why where it cannot be (platform/train/step_graph.py)
     cuda_graphs: bool = False

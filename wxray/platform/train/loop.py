@@ -217,7 +217,8 @@ def train_fn_per_worker(config: dict[str, Any]) -> None:
         step, seen = int(state["step"]), int(state["samples_seen"])
     reporter = Reporter(rank, setup.tracking_uri, setup.mlflow_run_id, progress=setup.progress)
     say = reporter.say if rank == 0 else (lambda line: None)
-    model = compile_module(model, cfg.train.compile, device, say=say)
+    module = model  # checkpoints hold its state: a compiled wrapper would prefix every key with _orig_mod.
+    model = compile_module(model, cfg.train.compile, device, cfg.train.compile_backend, say=say)
 
     dtype = devices.autocast_dtype(cfg.train.precision, device)
     lat_w = latitude_weights(torch.as_tensor(task.spec.latitude, dtype=torch.float32)).to(device)  # kept rows
@@ -296,7 +297,7 @@ def train_fn_per_worker(config: dict[str, Any]) -> None:
             reporter.say(f"{label}epoch {epoch + 1}/{cfg.train.epochs}: step {step}, "
                          f"train loss {metrics['train/epoch_loss']:.4f}{val}, "
                          f"{metrics['train/epoch_samples_per_s_per_worker']:.1f} samples/s/worker")
-        report_epoch(reporter, model, opt, metrics, rank, cfg, epoch, step, seen,
+        report_epoch(reporter, module, opt, metrics, rank, cfg, epoch, step, seen,
                      {"model": setup.identity, **setup.meta})
         if setup.decisions and stop_requested(setup.decisions, epoch + 1, rank, world, device):
             if rank == 0:
