@@ -48,7 +48,7 @@ def roll(model, x0: torch.Tensor, members: list[int], batch: int, steps: int, bf
         leads = []
         with per_sample_routing(model, gens), compute(x0.device, torch.bfloat16 if bf16 else None):
             for _ in range(steps):
-                y = model(x).float()
+                y = model(x).float().clone()  # a CUDA-graph replay overwrites its output buffer on the next call
                 leads.append(y)
                 x = torch.cat([x[:, N_VARS: HISTORY * N_VARS], y, x[:, HISTORY * N_VARS:]], dim=1)
         out.append(torch.stack(leads, dim=1))

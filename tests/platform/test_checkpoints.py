@@ -90,6 +90,23 @@ def test_a_resume_takes_the_newest_of_rays_checkpoint_and_the_runs_storage(tmp_p
         assert d is None
 
 
+def test_a_checkpoint_in_a_bucket_is_copied_for_each_worker_alone(s3_server, tmp_path):
+    """Ray's as_directory() hands a node's workers one shared /tmp folder, emptied by the first to finish; a
+    worker restarted later then read an empty folder. Each worker's resume copy is its own."""
+    from wxray.data import location
+
+    fs, _ = location.filesystem("s3://resume")
+    fs.mkdir("resume")
+    fs.put(str(checkpoints.save(tmp_path / "ckpt", {}, {"epoch": 1, "step": 4})), "resume/ckpt", recursive=True)
+    arrow, path = location.arrow_filesystem("s3://resume/ckpt")
+    ckpt = Checkpoint(path, filesystem=arrow)
+    with newest_checkpoint(ckpt, "") as a:
+        with newest_checkpoint(ckpt, "") as b:
+            assert Path(a) != Path(b) and checkpoints.read_meta(b)["step"] == 4
+        assert checkpoints.read_meta(a)["step"] == 4  # the other's copy gone, this one whole
+    assert not Path(a).exists()
+
+
 def test_prune_keeps_the_checkpoints_with_the_latest_steps(tmp_path):
     run = tmp_path / "ray" / "train"
     for name, step in (("checkpoint_2026-01-01_00-00-03", 12), ("checkpoint_2026-01-01_00-00-01", 4),

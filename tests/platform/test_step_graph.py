@@ -8,7 +8,14 @@ import torch
 
 from wxray.models import ResSlimViT, lat_weighted_mse
 from wxray.models.compiled import compile_module
-from wxray.platform.train.step_graph import WARMUP_STEPS, StepGraph, capturable_adamw, set_lr, why_not_captured
+from wxray.platform.train.step_graph import (
+    WARMUP_STEPS,
+    StepGraph,
+    capturable_adamw,
+    match_capture,
+    set_lr,
+    why_not_captured,
+)
 
 
 def test_why_a_run_is_not_captured_is_one_line_each():
@@ -30,6 +37,44 @@ def test_set_lr_writes_floats_and_device_tensors_alike():
     lr = held.param_groups[0]["lr"]
     set_lr(held, 2e-4)
     assert held.param_groups[0]["lr"] is lr and lr.item() == pytest.approx(2e-4)  # in place: a graph reads it
+
+
+def _stepped_state(lr):
+    p = torch.nn.Parameter(torch.ones(2))
+    opt = torch.optim.AdamW([p], lr=1e-3)
+    p.grad = torch.ones(2)
+    opt.step()
+    sd = opt.state_dict()
+    sd["param_groups"][0]["lr"] = lr
+    return p, sd
+
+
+def test_a_resumed_optimizer_takes_this_runs_capture_settings_not_the_checkpoints():
+    # a captured run's checkpoint (capturable, lr a tensor, loaded onto the CPU) resumed uncaptured: a float lr
+    # the schedule can set, and a step that runs on the CPU (capturable=True there raises)
+    p, sd = _stepped_state(torch.tensor(3e-4))
+    sd["param_groups"][0]["capturable"] = True
+    opt = torch.optim.AdamW([p], lr=1e-3)
+    opt.load_state_dict(sd)
+    match_capture(opt, False, torch.device("cpu"))
+    group = opt.param_groups[0]
+    assert group["lr"] == pytest.approx(3e-4) and not torch.is_tensor(group["lr"]) and group["capturable"] is False
+    p.grad = torch.ones(2)
+    opt.step()
+    assert opt.state[p]["step"].item() == 2.0 and opt.state[p]["step"].device.type == "cpu"
+
+
+@pytest.mark.gpu
+def test_an_eager_checkpoint_resumed_captured_gets_a_device_lr_and_device_steps():
+    device = torch.device("cuda", 0)
+    p, sd = _stepped_state(2e-4)
+    p = torch.nn.Parameter(p.detach().to(device))
+    opt = capturable_adamw([p], 1e-3, device)
+    opt.load_state_dict(sd)
+    match_capture(opt, True, device)
+    group = opt.param_groups[0]
+    assert torch.is_tensor(group["lr"]) and group["lr"].is_cuda and group["capturable"] is True
+    assert group["lr"].item() == pytest.approx(2e-4) and opt.state[p]["step"].is_cuda
 
 
 def _tiny(device, keep=0.25, dropout=0.1):
@@ -58,18 +103,32 @@ def test_the_captured_step_trains_replays_and_runs_other_shapes_eagerly():
     batch = {"x": torch.randn(4, 7, 16, 32, device=device, generator=gen),
              "y": torch.randn(4, 3, 16, 32, device=device, generator=gen)}
     losses = []
-    for i in range(40):
+    for _ in range(40):
         before = next(model.parameters()).detach().clone()
         set_lr(opt, 1e-3)
         losses.append(graph(batch, 1.0)[0].item())
         assert not torch.equal(before, next(model.parameters()))  # every call, replays included, steps the weights
     assert graph.captured and not graph.failed and len(said) == 1 and "is captured" in said[0]
     assert all(torch.isfinite(torch.tensor(losses))) and losses[-1] < 0.8 * losses[0], losses
-    zero = [graph(batch, 0.0)[0] for _ in range(2)]  # weight 0: a dummy lockstep batch's loss
-    assert all(float(z) == 0.0 for z in zero)
+    zero = [graph(batch, 0.0)[0].item() for _ in range(2)]  # weight 0: a dummy lockstep batch's loss
+    assert zero == [0.0, 0.0]
+    # the learning rate reaches the replays: at 0 the weights stay; the draws advance on every replay, and a
+    # reseed draws them again
+    set_lr(opt, 0.0)
+    before = [q.detach().clone() for q in model.parameters()]
+    graph.reseed(5)
+    first = [graph(batch, 1.0)[0].item() for _ in range(2)]
+    graph.reseed(5)
+    again = [graph(batch, 1.0)[0].item() for _ in range(2)]
+    assert all(torch.equal(b, q) for b, q in zip(before, model.parameters(), strict=True))
+    assert first[0] != first[1] and first == again, (first, again)
+    set_lr(opt, 1e-3)
     small = {k: v[:2].clone() for k, v in batch.items()}  # an epoch's last, smaller batch: eager, same weights
     loss_small = graph(small, 1.0)[0]
     assert torch.isfinite(loss_small) and graph.captured
+    assert len(said) == 2 and "another shape than the first" in said[1], said
+    graph(small, 1.0)
+    assert len(said) == 2  # said once
     assert torch.isfinite(graph(batch, 1.0)[0])  # and the graph replays again after it
     assert WARMUP_STEPS >= 1
 

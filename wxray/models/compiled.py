@@ -17,6 +17,7 @@ On a device without CUDA the CUDA-graph modes fall back to their twin without gr
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Literal
 
 import torch
@@ -52,7 +53,7 @@ def mode_for(mode: CompileMode | bool, device: torch.device | str) -> tuple[str,
 
 
 def compile_module(module: nn.Module, mode: CompileMode | bool, device: torch.device | str = "cpu",
-                   backend: str = "inductor", say=print) -> nn.Module:
+                   backend: str | Callable = "inductor", say=print) -> nn.Module:
     """`module` compiled with `mode` for `device` (itself when mode is "off"). The module's attributes stay reachable
     through the wrapper (torch's OptimizedModule forwards them), so tasks and rollouts need no special case."""
     mode, note = mode_for(mode, device)

@@ -32,7 +32,7 @@ from wxray.platform.train import checkpoints
 from wxray.platform.train.batches import dummy_like, epoch_batches, epoch_generator, lockstep_batches
 from wxray.platform.train.interrupt import StopPoll
 from wxray.platform.train.reporting import Reporter, stop_requested
-from wxray.platform.train.step_graph import StepFn, StepGraph, capturable_adamw, set_lr, why_not_captured
+from wxray.platform.train.step_graph import StepFn, StepGraph, capturable_adamw, match_capture, set_lr, why_not_captured
 from wxray.platform.train.tasks import Task
 
 
@@ -133,11 +133,25 @@ def report_epoch(reporter: Reporter, model, opt, metrics: dict, rank: int, cfg, 
 
 
 @contextlib.contextmanager
+def _private_copy(ray_checkpoint: Any):
+    """A Ray Train checkpoint as a local folder of this process alone. Ray's as_directory() gives a node's
+    workers one shared /tmp folder, which the first to finish deletes: a worker arriving late in a restart
+    then found it empty (no meta.json; seen in CI with two workers on one node)."""
+    if ray_checkpoint is None:
+        yield None
+    elif ray_checkpoint.filesystem.type_name == "local":
+        yield ray_checkpoint.path
+    else:
+        with tempfile.TemporaryDirectory(prefix="wxray-resume-") as tmp:
+            yield ray_checkpoint.to_directory(tmp)
+
+
+@contextlib.contextmanager
 def newest_checkpoint(ray_checkpoint: Any, on_disk: str):
     """The directory to resume from: Ray Train's checkpoint, or the driver's newest in storage when that has
     the later step. After a hard abort (a second Ctrl-C, a killed driver) Ray's checkpoint manager may not
     have recorded the last checkpoints it wrote; resuming from its older one would retrain epochs."""
-    with ray_checkpoint.as_directory() if ray_checkpoint is not None else contextlib.nullcontext() as d:
+    with _private_copy(ray_checkpoint) as d:
         found = [Path(d)] if d else []
         with contextlib.suppress(Exception):  # a path of the driver's node that this node cannot see
             local = Path(checkpoints.fetch(on_disk)) if on_disk else None
@@ -213,6 +227,7 @@ def train_fn_per_worker(config: dict[str, Any]) -> None:
             start_epoch = checkpoints.resume_epoch(state, d)
     if d is not None:
         set_state(model, opt, state["model"], state["optimizer"])
+        match_capture(opt, uncaptured is None, device)
         torch.set_rng_state(state["torch_rng"])
         step, seen = int(state["step"]), int(state["samples_seen"])
     reporter = Reporter(rank, setup.tracking_uri, setup.mlflow_run_id, progress=setup.progress)
@@ -285,7 +300,7 @@ def train_fn_per_worker(config: dict[str, Any]) -> None:
                    "train/fsdp_sharded": float(is_sharded(model)),
                    "train/epoch_loss": float(np.mean(losses)) if losses else float("nan"),
                    "train/epoch_samples_per_s_per_worker": n_samples / max(elapsed, 1e-9),
-                   "train/epoch_saved_activation_bytes": act_bytes}  # the largest measured this epoch
+                   **({} if graph else {"train/epoch_saved_activation_bytes": act_bytes})}  # largest this epoch
         peak = memory.peak_memory_bytes(device)
         if peak is not None:
             metrics["train/epoch_peak_memory_bytes"] = peak

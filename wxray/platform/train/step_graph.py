@@ -6,8 +6,8 @@ A small step is bound by the host, which launches hundreds of kernels one by one
 kernels inside 22-30 ms of wall time at L = 2048, batch 8); a replay launches them all at once. What capture needs,
 and how this provides it:
 
-- static shapes: every batch of the same shape as the captured one replays; another shape (an epoch's last,
-  smaller batch) runs eagerly, on the same parameters, gradients and optimizer state;
+- static shapes: the first batch's shape is warmed up, captured and replayed; a batch of another shape (an epoch's
+  last, smaller one) runs eagerly, on the same parameters, gradients and optimizer state, after one line;
 - no host work inside the step: the learning rate and the batch weight are device tensors (AdamW with
   `capturable=True` and a tensor lr), value checks are skipped while capturing (`models.compiled.host_checks`);
 - random draws on the device: routing keys and dropout masks come from a CUDA generator registered with the graph,
@@ -47,6 +47,19 @@ def capturable_adamw(params, lr: float, device: torch.device, **kwargs) -> torch
     return torch.optim.AdamW(params, lr=torch.tensor(lr, device=device), capturable=True, **kwargs)
 
 
+def match_capture(opt: torch.optim.Optimizer, capturable: bool, device: torch.device) -> None:
+    """After loading a checkpoint's optimizer state: this run's capture settings, not the writer's. A checkpoint
+    brings its run's `capturable` flag and lr (a float, or a tensor now on the CPU, which a captured AdamW would
+    read once at capture and freeze), and step counts where that run kept them."""
+    for group in opt.param_groups:
+        lr = float(group["lr"])
+        group["lr"] = torch.tensor(lr, device=device) if capturable else lr
+        group["capturable"] = capturable
+    for state in opt.state.values():
+        if torch.is_tensor(state.get("step")):
+            state["step"] = state["step"].to(device=device if capturable else "cpu", dtype=torch.float32)
+
+
 def set_lr(opt: torch.optim.Optimizer, lr: float) -> None:
     """The learning rate of every group: written into the device tensor where the optimizer is capturable."""
     for group in opt.param_groups:
@@ -69,7 +82,8 @@ class StepGraph:
             self.generator = torch.cuda.default_generators[device.index or 0]
         else:
             register(self.generator)
-        self.warm, self.captured, self.failed = 0, False, False
+        self.warm, self.captured, self.failed, self.told = 0, False, False, False
+        self.shape: dict[str, tuple] = {}
         self.static: dict[str, torch.Tensor] = {}
         self.weight = torch.zeros((), device=device)
         self.out: tuple[torch.Tensor, torch.Tensor | None] | None = None
@@ -79,7 +93,15 @@ class StepGraph:
 
     def __call__(self, batch: dict, w: float) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The step on `batch` with loss weight `w`: (loss, auxiliary loss or None), replayed where it can be."""
-        if self.failed or (self.captured and not self._fits(batch)):
+        if self.failed:
+            return self._eager(batch, w)
+        shape = {k: (tuple(v.shape), v.dtype) for k, v in batch.items() if torch.is_tensor(v)}
+        self.shape = self.shape or shape  # the first batch's, normally the full one: the shape to capture
+        if shape != self.shape:
+            if not self.told:
+                self.told = True
+                self.say(f"train.cuda_graphs: batches of another shape than the first (x {shape['x'][0]}, not "
+                         f"{self.shape['x'][0]}) run uncaptured")
             return self._eager(batch, w)
         if self.warm < WARMUP_STEPS:
             side = torch.cuda.Stream(self.device)
@@ -94,10 +116,6 @@ class StepGraph:
         self._load(batch, w)
         self.graph.replay()
         return self.out
-
-    def _fits(self, batch: dict) -> bool:
-        return batch.keys() == self.static.keys() and all(
-            batch[k].shape == v.shape and batch[k].dtype == v.dtype for k, v in self.static.items())
 
     def _load(self, batch: dict, w: float) -> None:
         for k, v in self.static.items():
