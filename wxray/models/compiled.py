@@ -53,7 +53,7 @@ def mode_for(mode: CompileMode | bool, device: torch.device | str) -> tuple[str,
 
 
 def compile_module(module: nn.Module, mode: CompileMode | bool, device: torch.device | str = "cpu",
-                   backend: str | Callable = "inductor", say=print) -> nn.Module:
+                   backend: CompileBackend | Callable = "inductor", say=print) -> nn.Module:
     """`module` compiled with `mode` for `device` (itself when mode is "off"). The module's attributes stay reachable
     through the wrapper (torch's OptimizedModule forwards them), so tasks and rollouts need no special case."""
     mode, note = mode_for(mode, device)
@@ -75,7 +75,7 @@ def _model_name(module: nn.Module) -> str:
 
 
 def compile_forecaster(model: nn.Module, mode: CompileMode | bool, device: torch.device | str = "cpu",
-                       backend: str = "inductor", say=print) -> nn.Module:
+                       backend: CompileBackend | Callable = "inductor", say=print) -> nn.Module:
     """A forecaster for rollouts, compiled: a generative one (EDMForecaster) compiles its denoiser, so the sampler's
     loop stays Python and each of its 2N - 1 calls is one compiled call (CUDA graphs with reduce-overhead);
     any other compiles whole."""
