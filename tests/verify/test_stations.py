@@ -316,7 +316,8 @@ def _bad_cases(world, tmp: Path):
     return [
         ([f"stations={tmp / 'gone.parquet'}", obs], f"error: stations {tmp / 'gone.parquet'} does not exist"),
         ([f"stations={no_value}", obs], f"stations {no_value}: missing column(s) value (has: init_time"),
-        ([st, obs, "station_stream=ships"], "stream 'ships' not in streams (has: stations)"),
+        ([st, obs, "station_stream=ships"],
+         f"stream 'ships' is not in {Path(world['obs']) / 'obs.yaml'} (streams: stations)"),
         ([st, f"station_obs={tmp / 'nowhere'}"], f"obs dir {tmp / 'nowhere'} does not exist"),
         ([f"stations={late}", obs], "no (station, valid_time) pair with a good observation in stream 'stations'"),
         ([st, obs, f"station_baseline={short}"], f"station_baseline {short}: lacks 182 of the 192 scored"),
