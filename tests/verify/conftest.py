@@ -10,6 +10,7 @@ from __future__ import annotations
 # Python's sqlite3 must bind to the system SQLite before ecCodes loads: the eckitlib wheel exports an
 # old bundled SQLite (3.26) globally, and MLflow's sqlite tracking store then refuses to start.
 import sqlite3  # noqa: F401  isort: skip
+import json
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +19,10 @@ import pytest
 import xarray as xr
 
 from tests.fixture_files import ERA5_MEMBERS  # noqa: F401  (used by the test modules too)
+from wxray.data.schema import open_store
+from wxray.job import run_job
+from wxray.verify import persistence_forecast
+from wxray.verify.evaluate import EvaluateConfig, evaluate
 
 LEVELS = (500, 850)
 
@@ -115,6 +120,12 @@ def store(tmp_path) -> Path:
     return make_store(tmp_path / "store.zarr")
 
 
+@pytest.fixture(scope="module")
+def store_path(tmp_path_factory) -> Path:
+    """One store for a test module's read-only uses."""
+    return make_store(tmp_path_factory.mktemp("store") / "store.zarr")
+
+
 @pytest.fixture(scope="session")
 def era5_members() -> xr.Dataset:
     """The 10 real ERA5 EDA members (opened without writing an index beside the fixture)."""
@@ -129,12 +140,13 @@ def write_zarr(ds: xr.Dataset, path: Path) -> str:
 
 def run_evaluate(argv: list[str], capsys) -> tuple[int, dict | None, str]:
     """jobs/evaluate.py in-process: (exit status, RESULT dict or None, stderr)."""
-    import json
-
-    from wxray.job import run_job
-    from wxray.verify.evaluate import EvaluateConfig, evaluate
-
     rc = run_job("evaluate", EvaluateConfig, evaluate, argv=argv)
     out, err = capsys.readouterr()
     lines = [ln for ln in out.splitlines() if ln.startswith("RESULT ")]
     return rc, json.loads(lines[-1][len("RESULT "):]) if lines else None, err
+
+
+def persistence_file(store_path: Path, tmp_path: Path, n_init: int = 16, leads=(6, 24)) -> str:
+    """The persistence forecast of the store's first `n_init` times, written as a zarr file."""
+    ds = open_store(store_path)
+    return write_zarr(persistence_forecast(ds, ds.time.values[:n_init], list(leads)), tmp_path / "persistence.zarr")
