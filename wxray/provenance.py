@@ -210,7 +210,7 @@ def stream_fingerprint(path: str | Path) -> dict[str, Any]:
     names and sizes (a Parquet dataset: a changed or added partition changes it); "unknown" when remote."""
     root = Path(path)
     out: dict[str, Any] = {"path": str(path)}
-    if "://" in str(path) or not root.exists():
+    if location.scheme(path) or not root.exists():
         return {**out, "sha256": UNKNOWN}
     if _metadata_files(root):
         return {**out, "metadata_sha256": metadata_hash(root)}
@@ -241,7 +241,7 @@ def input_fingerprints(cfg: Any, known: dict[str, dict[str, Any]] | None = None)
             out[key] = known.get(value) or known[str(root.resolve())]
             continue
         try:
-            if "://" not in value and root.is_dir() and _metadata_files(root):
+            if not location.scheme(value) and root.is_dir() and _metadata_files(root):
                 out[key] = store_fingerprint(value)
             else:
                 out[key] = stream_fingerprint(value)

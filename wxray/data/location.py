@@ -43,6 +43,7 @@ def settings_env() -> dict[str, str]:
 
 
 def scheme(location: str | os.PathLike) -> str:
+    """The URL scheme of `location` ('s3', 'gs', 'file', ...), '' for a plain path."""
     text = str(location)
     return text.split("://", 1)[0].lower() if "://" in text else ""
 

@@ -23,6 +23,7 @@ from pathlib import Path
 import scipy.io
 import xarray as xr
 
+from wxray.data import location
 from wxray.errors import DataError
 
 GRIB_SUFFIXES = {".grib", ".grib1", ".grib2", ".grb", ".grb1", ".grb2"}
@@ -47,7 +48,7 @@ def resolve_source(source: str) -> list[str]:
     """The files (or the single zarr store / URL) named by `source`."""
     if not source:
         raise DataError("source: no source given (set source=<file|glob|zarr store>)")
-    if "://" in source:
+    if location.scheme(source):  # a URL: read in place
         return [source]
     if any(c in source for c in "*?["):
         files = sorted(glob.glob(source))
@@ -62,7 +63,7 @@ def resolve_source(source: str) -> list[str]:
 
 def detect_kind(path: str) -> str:
     """'grib', 'netcdf' or 'zarr' from the content (magic bytes), else from the suffix."""
-    if "://" in path:
+    if location.scheme(path):
         return "zarr"
     p = Path(path)
     if p.is_dir():
