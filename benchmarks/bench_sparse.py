@@ -37,7 +37,7 @@ import statistics
 
 import torch
 import torch.nn as nn
-from step_bench import MODES, StepBench, profile
+from step_bench import MODES, StepBench, print_table, profile
 
 from wxray.models import (
     Block,
@@ -185,20 +185,7 @@ def main() -> None:
         f"expected block-stack speedup: paper N/(n1+n2 r^2+n3) = {expected['paper']:.2f}x, "
         f"with linear terms = {expected['exact']:.2f}x"
     )
-    header = (
-        f"{'variant':8} {'part':22} {'step_ms':>9} {'min_ms':>9} {'speedup':>8} {'min_x':>6} "
-        f"{'GFLOP':>8} {'flop_x':>7} {'saved_MiB':>10} {'mem_x':>6} {'mode_x':>7} {'warmup_s':>9}"
-    )
-    print(header)
-    print("-" * len(header))
-    for variant, parts in results.items():
-        for part, r in parts.items():
-            print(
-                f"{variant:8} {part:22} {r['step_ms']:9.1f} {r['min_ms']:9.1f} "
-                f"{r['speedup']:7.2f}x {r['speedup_min']:5.2f}x "
-                f"{r['GFLOP']:8.1f} {r['flop_speedup']:6.2f}x "
-                f"{r['saved_MiB']:10.1f} {r['saved_reduction']:5.2f}x {r['mode_speedup']:6.2f}x {r['warmup_s']:9.1f}"
-            )
+    print_table(results)
     if args.json:
         config = {
             "L": seq,

@@ -4,10 +4,12 @@ FLOP-counted, profiled."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn as nn
+from torch.profiler import ProfilerActivity
+from torch.profiler import profile as torch_profile
 from torch.utils import flop_counter
 
 from wxray.models.compiled import COMPILE_MODES, compile_module
@@ -114,9 +116,6 @@ class StepBench:
 
 def profile(bench: StepBench, name: str, steps: int = 3, rows: int = 12) -> None:
     """Where a step's time goes: torch.profiler's top ops by self device time (CPU time off GPUs)."""
-    from torch.profiler import ProfilerActivity
-    from torch.profiler import profile as torch_profile
-
     cuda = bench.device.type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     with torch_profile(activities=activities) as prof:
@@ -126,3 +125,27 @@ def profile(bench: StepBench, name: str, steps: int = 3, rows: int = 12) -> None
     print(f"--- profile: {name}, {steps} steps")
     print(prof.key_averages().table(sort_by="self_cuda_time_total" if cuda else "self_cpu_time_total",
                                     row_limit=rows, max_name_column_width=48))
+
+
+Column = tuple[str, int, Callable[[dict], str]]  # title, width, the cell of one result row
+
+
+def print_table(results: dict[str, dict[str, dict]], extra: Sequence[Column] = ()) -> None:
+    """One row per (variant, part) of `results`: time, FLOP and saved-memory ratios, the mode's ratio, warm-up
+    time, then the `extra` columns of a benchmark."""
+    header = (
+        f"{'variant':8} {'part':22} {'step_ms':>9} {'min_ms':>9} {'speedup':>8} {'min_x':>6} "
+        f"{'GFLOP':>8} {'flop_x':>7} {'saved_MiB':>10} {'mem_x':>6} {'mode_x':>7} {'warmup_s':>9}"
+        + "".join(f" {title:>{width}}" for title, width, _ in extra)
+    )
+    print(header)
+    print("-" * len(header))
+    for variant, parts in results.items():
+        for part, r in parts.items():
+            print(
+                f"{variant:8} {part:22} {r['step_ms']:9.1f} {r['min_ms']:9.1f} "
+                f"{r['speedup']:7.2f}x {r['speedup_min']:5.2f}x "
+                f"{r['GFLOP']:8.1f} {r['flop_speedup']:6.2f}x "
+                f"{r['saved_MiB']:10.1f} {r['saved_reduction']:5.2f}x {r['mode_speedup']:6.2f}x {r['warmup_s']:9.1f}"
+                + "".join(f" {cell(r):>{width}}" for _, width, cell in extra)
+            )
