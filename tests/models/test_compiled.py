@@ -9,7 +9,6 @@ import pytest
 import torch
 from torch._dynamo.testing import CompileCounterWithBackend
 
-from wxray.errors import ConfigError
 from wxray.models import EDMForecaster, edm_loss, lat_weighted_mse
 from wxray.models.blocks import RowGenerators
 from wxray.models.compiled import compile_mode, compile_module, host_checks, mode_for
@@ -92,13 +91,18 @@ def test_modes_and_their_fallback_off_cuda():
     assert host_checks(torch.zeros(1))
 
 
-def test_train_keys_take_modes_and_refuse_two_captures():
-    from wxray.config import from_dict, parse_override
-    from wxray.platform.train.config import TrainSparseConfig
-
-    assert from_dict(TrainSparseConfig, parse_override("train.compile=true")).train.compile == "default"
-    assert from_dict(TrainSparseConfig, parse_override("train.compile=max-autotune")).train.compile == "max-autotune"
-    with pytest.raises(ConfigError, match="'train.compile' expects 'off', 'default'"):
-        from_dict(TrainSparseConfig, parse_override("train.compile=fast"))
-    with pytest.raises(ConfigError, match="train.cuda_graphs captures the whole step"):
-        from_dict(TrainSparseConfig, {"train": {"compile": "reduce-overhead", "cuda_graphs": True}})
+def test_the_sparse_model_trains_compiled_under_bf16_autocast_as_eager_does(tiny_kwargs, tiny_input):
+    """train.precision=bf16 runs the forward under autocast (platform/cluster/devices.compute): the compiled
+    sparse stage (gather, blocks on the kept tokens, scatter of the delta) gives eager's bf16 numbers."""
+    torch.manual_seed(0)
+    model = build_model("reslim", **_kwargs(tiny_kwargs, "reslim")).train()
+    x, lat_w = tiny_input[:, :7], torch.ones(16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        eager = _step(model, "reslim", x, lat_w)
+        compiled = _step(compile_module(model, "default", backend="aot_eager"), "reslim", x, lat_w)
+    assert eager[0].dtype == torch.float32 and torch.equal(eager[0], compiled[0])  # autocast's loss is fp32
+    assert len(eager[1]) == len(compiled[1]) > 0
+    for a, b in zip(eager[1], compiled[1]):
+        assert a.dtype == b.dtype == torch.float32  # parameters and their gradients stay fp32
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+    assert torch.equal(eager[2], compiled[2])

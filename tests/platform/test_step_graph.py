@@ -1,13 +1,17 @@
-"""train.cuda_graphs (platform/train/step_graph.py): why a run is not captured, the learning rate as a device
-tensor, and on a GPU the captured step itself (gpu-marked: benchmarks/gpu.sh runs them)."""
+"""train.cuda_graphs (platform/train/step_graph.py): the train keys that ask for it, why a run is not captured,
+the learning rate as a device tensor, and on a GPU the captured step itself (gpu-marked: benchmarks/gpu.sh runs
+them)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from wxray.config import from_dict, parse_override
+from wxray.errors import ConfigError
 from wxray.models import ResSlimViT, lat_weighted_mse
 from wxray.models.compiled import compile_module
+from wxray.platform.train.config import TrainSparseConfig
 from wxray.platform.train.step_graph import (
     WARMUP_STEPS,
     StepGraph,
@@ -154,3 +158,12 @@ def test_reduce_overhead_training_matches_eager_on_a_dense_model():
         losses[mode] = out
     torch.testing.assert_close(torch.tensor(losses["reduce-overhead"]), torch.tensor(losses["off"]),
                                rtol=1e-3, atol=1e-4)
+
+
+def test_train_keys_take_modes_and_refuse_two_captures():
+    assert from_dict(TrainSparseConfig, parse_override("train.compile=true")).train.compile == "default"
+    assert from_dict(TrainSparseConfig, parse_override("train.compile=max-autotune")).train.compile == "max-autotune"
+    with pytest.raises(ConfigError, match="'train.compile' expects 'off', 'default'"):
+        from_dict(TrainSparseConfig, parse_override("train.compile=fast"))
+    with pytest.raises(ConfigError, match="train.cuda_graphs captures the whole step"):
+        from_dict(TrainSparseConfig, {"train": {"compile": "reduce-overhead", "cuda_graphs": True}})
