@@ -1,4 +1,5 @@
-"""torch.compile of every registered model: the same numbers as eager, random draws included (models/compiled.py).
+"""torch.compile of every registered model and end-to-end stage module: the same numbers as eager, random draws
+included (models/compiled.py).
 
 Dynamo's graphs and AOT autograd are what fail on a model (graph breaks that cannot be split, data-dependent
 shapes, mutated state); Inductor's code generation is the slow part on a CPU (a minute for the tiny model on two
@@ -9,7 +10,8 @@ import pytest
 import torch
 from torch._dynamo.testing import CompileCounterWithBackend
 
-from wxray.models import EDMForecaster, edm_loss, lat_weighted_mse
+from tests.models.test_e2e_models import LAT, LON, make_encoder, make_obs
+from wxray.models import EDMForecaster, StationDecoder, StochasticEncoder, edm_loss, lat_weighted_mse
 from wxray.models.blocks import RowGenerators
 from wxray.models.compiled import compile_mode, compile_module, host_checks, mode_for
 from wxray.models.registry import MODELS, build_model
@@ -106,3 +108,47 @@ def test_the_sparse_model_trains_compiled_under_bf16_autocast_as_eager_does(tiny
         assert a.dtype == b.dtype == torch.float32  # parameters and their gradients stay fp32
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
     assert torch.equal(eager[2], compiled[2])
+
+
+def _trained_alike(model, call):
+    """(output, gradients, the generator's end state) of one backward through `call(module, generator)`, eager
+    and compiled: both on `model`'s own parameters."""
+    runs = []
+    for module in (model, compile_module(model, "default", backend="aot_eager")):
+        model.zero_grad(set_to_none=True)
+        g = torch.Generator().manual_seed(7)
+        y = call(module, g)
+        y.square().mean().backward()
+        runs.append((y.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None], g.get_state()))
+    return runs
+
+
+@pytest.mark.parametrize("stage", ["encoder", "stochastic encoder", "decoder"])
+def test_the_end_to_end_stage_modules_train_compiled_with_the_eager_numbers(stage):
+    """The end-to-end stages of the loop (platform/train/stages.py) compile too: the SetConv encoder with its
+    dropout, the noise-conditioned encoder with its members, the station decoder (at another station count the
+    compiled module recompiles and still agrees)."""
+    obs, static = make_obs(), torch.randn(2, 2, 16, 32, generator=torch.Generator().manual_seed(3))
+    if stage == "encoder":
+        model, call = make_encoder(dropout=0.1).train(), lambda m, g: m(obs, static, generator=g)
+    elif stage == "stochastic encoder":
+        model = StochasticEncoder(make_encoder(dropout=0.1), "film").train()
+        call = lambda m, g: m(obs, static, generator=g, noise_generator=torch.Generator().manual_seed(9),  # noqa: E731
+                              members=2)
+    else:
+        torch.manual_seed(0)
+        model = StationDecoder(4, 3, LAT, LON, hidden=8, n_features=1)
+        g = torch.Generator().manual_seed(4)
+        state, feats = torch.randn(2, 4, 16, 32, generator=g), torch.randn(2, 30, 1, generator=g)
+        coords = torch.stack([torch.rand(2, 30, generator=g) * 160 - 80, torch.rand(2, 30, generator=g) * 360], -1)
+        call = lambda m, g: m(state, coords, feats)  # noqa: E731
+    (y, grads, end), (y_c, grads_c, end_c) = _trained_alike(model, call)
+    assert torch.equal(y, y_c) and torch.equal(end, end_c)
+    assert len(grads) == len(grads_c) > 0
+    for a, b in zip(grads, grads_c):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+    if stage == "decoder":
+        compiled = compile_module(model, "default", backend="aot_eager")
+        compiled(state, coords, feats)
+        fewer = (state, coords[:, :17], feats[:, :17])
+        assert torch.equal(model(*fewer), compiled(*fewer))

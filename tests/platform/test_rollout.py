@@ -3,14 +3,24 @@ scores (RMSE, ACC, persistence), routing draws as an ensemble, the forecast stor
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
+import xarray as xr
 
-from wxray.data.schema import open_stats, open_store
+from wxray.data.schema import open_climatology, open_stats, open_store
+from wxray.data.stats import add_stats
 from wxray.data.windows import WindowConfig, make_spec
-from wxray.platform.train.rollout import rollout, to_forecast_dataset
-from wxray.verify.lead_scores import score_per_lead
+from wxray.errors import DataError
+from wxray.models.batch_invariance import batch_invariant
+from wxray.models.compiled import compile_forecaster
+from wxray.models.registry import ModelConfig, build_forecaster
+from wxray.platform.train.rollout import check_rollout, possible_steps, rollout, to_forecast_dataset, write_forecast
+from wxray.platform.train.seeds import DROPOUT, ENCODER, ROUTING, coordinate_seed
+from wxray.verify.lead_scores import rollout_report, score_per_lead
+from wxray.verify.spatial import latitude_weights
 
 
 class ZeroTendency(torch.nn.Module):
@@ -78,17 +88,11 @@ def test_history_shifts_by_one_step_each_lead(tiny_store):
 
 
 def _with_climatology(path):
-    from wxray.data.stats import add_stats
-
     add_stats(path, clim_window_days=3, progress=False)  # stats/* incl. climatology, by the data layer
     return open_store(path)
 
 
 def test_report_scores_acc_and_persistence_per_lead(tiny_store):
-    from wxray.data.schema import open_climatology
-    from wxray.verify.lead_scores import rollout_report
-    from wxray.verify.spatial import latitude_weights
-
     path, ds = tiny_store
     store = _with_climatology(path)
     spec = make_spec(str(path), store, open_stats(path), WindowConfig(history=2, lead_steps=1, residual=True))
@@ -119,9 +123,6 @@ def test_report_scores_acc_and_persistence_per_lead(tiny_store):
 
 
 def test_report_without_climatology_has_no_acc(tiny_store):
-    from wxray.data.schema import open_climatology
-    from wxray.verify.lead_scores import rollout_report
-
     path, _ = tiny_store
     store = open_store(path)
     spec = make_spec(str(path), store, open_stats(path), WindowConfig(history=2, lead_steps=1, residual=True))
@@ -132,8 +133,6 @@ def test_report_without_climatology_has_no_acc(tiny_store):
 
 
 def _tiny_model(spec):
-    from wxray.models.registry import ModelConfig, build_forecaster
-
     torch.manual_seed(0)
     return build_forecaster(ModelConfig(embed_dim=16, depth=3, num_heads=2, split=(1, 1, 1), keep_ratio=0.5,
                                         skip_channels=8), spec)
@@ -179,8 +178,6 @@ def test_routing_members_are_own_draws_and_recompute_alone(tiny_store):
 
 
 def test_a_compiled_rollout_draws_and_forecasts_as_the_eager_one(tiny_store):
-    from wxray.models.compiled import compile_forecaster
-
     path, _ = tiny_store
     store = open_store(path)
     spec = make_spec(str(path), store, open_stats(path), WindowConfig(history=2, lead_steps=1, levels=[500]))
@@ -197,8 +194,6 @@ def test_a_compiled_rollout_draws_and_forecasts_as_the_eager_one(tiny_store):
 def test_the_one_seed_scheme():
     """Every draw's seed comes from its coordinates: a forecaster's member m is (m,), a nested ensemble's draws
     (source, i, j, k); the same function for both (train/seeds.py)."""
-    from wxray.platform.train.seeds import DROPOUT, ENCODER, ROUTING, coordinate_seed
-
     t = np.datetime64("2000-01-01T06:00:00.000000000")
     expected = np.random.SeedSequence([3, 946706400, 1]).generate_state(1, np.uint64)[0]
     assert coordinate_seed(3, t, 1) == int(expected)
@@ -212,12 +207,6 @@ def test_the_one_seed_scheme():
 
 
 def test_forecast_store_has_members_units_and_consolidated_metadata(tiny_store, tmp_path):
-    import warnings
-
-    import xarray as xr
-
-    from wxray.platform.train.rollout import write_forecast
-
     path, _ = tiny_store
     store = open_store(path)
     spec = make_spec(str(path), store, open_stats(path), WindowConfig(history=2, lead_steps=1, levels=[500]))
@@ -235,10 +224,6 @@ def test_forecast_store_has_members_units_and_consolidated_metadata(tiny_store, 
 
 def test_one_rule_says_how_far_a_forecast_is_fed_back(tiny_store):
     """`check_rollout` (the forecast job) and `possible_steps` (the evaluation after training) share it."""
-    import pytest
-
-    from wxray.platform.train.rollout import check_rollout, possible_steps
-
     path, _ = tiny_store
     store, stats = open_store(path), open_stats(path)
     cases = [  # WindowConfig, why not beyond one step (None: any number of steps)
@@ -261,12 +246,6 @@ def test_one_rule_says_how_far_a_forecast_is_fed_back(tiny_store):
 def test_a_forecast_on_part_of_the_grid_is_scored_on_its_points(tiny_store):
     """Truth, persistence and climatology are cut to the forecast's rows and columns (verify's crop_to);
     a forecast whose points are not a block of the store grid is a one-line DataError."""
-    import pytest
-
-    from wxray.data.schema import open_climatology
-    from wxray.errors import DataError
-    from wxray.verify.lead_scores import rollout_report
-
     path, _ = tiny_store
     store = _with_climatology(path)
     spec = make_spec(str(path), store, open_stats(path), WindowConfig(history=2, lead_steps=1, levels=[500]))
@@ -283,8 +262,6 @@ def test_a_forecast_on_part_of_the_grid_is_scored_on_its_points(tiny_store):
 
 
 def test_batch_invariance_switches_onednn_off_for_the_cpu_only_and_restores_it():
-    from wxray.models.batch_invariance import batch_invariant
-
     before = torch.backends.mkldnn.enabled
     with batch_invariant("cpu"):
         assert torch.backends.mkldnn.enabled is False
@@ -298,8 +275,6 @@ def test_batch_invariance_switches_onednn_off_for_the_cpu_only_and_restores_it()
 
 def test_batch_invariance_holds_for_convolutions_of_16_members():
     """From a batch of 16 a CPU convolution goes to NNPACK, whose tiling depends on the batch: off, like oneDNN."""
-    from wxray.models.batch_invariance import batch_invariant
-
     torch.manual_seed(0)
     conv, x = torch.nn.Conv2d(8, 3, 3, padding=1), torch.randn(16, 8, 8, 16)
     with torch.no_grad(), batch_invariant("cpu"):
