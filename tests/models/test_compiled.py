@@ -93,7 +93,7 @@ def test_modes_and_their_fallback_off_cuda():
     assert host_checks(torch.zeros(1))
 
 
-@pytest.mark.slow  # ~10 s of tracing on 2 cores: make test, not test-fast
+@pytest.mark.slow  # about 10 s of tracing on 2 cores: make test, not test-fast
 def test_the_sparse_model_trains_compiled_under_bf16_autocast_as_eager_does(tiny_kwargs, tiny_input):
     """train.precision=bf16 runs the forward under autocast (platform/cluster/devices.compute): the compiled
     sparse stage (gather, blocks on the kept tokens, scatter of the delta) gives eager's bf16 numbers."""
@@ -124,7 +124,8 @@ def _trained_alike(model, call):
     return runs
 
 
-@pytest.mark.parametrize("stage", ["encoder", pytest.param("stochastic encoder", marks=pytest.mark.slow), "decoder"])
+@pytest.mark.slow  # tracing on 2 cores: make test, not test-fast (test-fast keeps the sparse model and the sampler)
+@pytest.mark.parametrize("stage", ["encoder", "stochastic encoder", "decoder"])
 def test_the_end_to_end_stage_modules_train_compiled_with_the_eager_numbers(stage):
     """The end-to-end stages of the loop (platform/train/stages.py) compile too: the SetConv encoder with its
     dropout, the noise-conditioned encoder with its members, the station decoder (at another station count the

@@ -177,6 +177,7 @@ def test_routing_members_are_own_draws_and_recompute_alone(tiny_store):
     assert not np.array_equal(rollout(model, spec, anchors, steps=2, seed=8), plain)
 
 
+@pytest.mark.slow  # tracing a forecaster on 2 cores: make test, not test-fast
 def test_a_compiled_rollout_draws_and_forecasts_as_the_eager_one(tiny_store):
     path, _ = tiny_store
     store = open_store(path)
