@@ -41,7 +41,12 @@ def read_station_truth(obs_dir: str | Path, stream: str, valid_times: np.ndarray
     """Observations of point stream `stream` as a long table (station, valid_time, variable, truth): only
     quality <= max_quality and reported values; at `valid_times` only (their days read, hive pruning).
     With levels the variable is the channel name `{var}_{level}`. DataError on a duplicate observation."""
-    info = point_stream(obs_dir, stream)
+    return _read_truth(obs_dir, point_stream(obs_dir, stream), valid_times, max_quality)
+
+
+def _read_truth(obs_dir: str | Path, info: StreamInfo, valid_times: np.ndarray | None,
+                max_quality: int) -> pd.DataFrame:
+    stream = info.name
     root = location.join(obs_dir, info.path)
     variables = list(info.variables)
     part = pads.partitioning(pa.schema([("stream", pa.string()), ("day", pa.string())]), flavor="hive")
@@ -82,13 +87,14 @@ def pair_with_truth(forecasts: pd.DataFrame, obs_dir: str | Path, stream: str, w
                     max_quality: int = 0) -> pd.DataFrame:
     """The forecast rows that have an observation at (station, variable, valid_time = init + lead), with
     columns `valid_time` and `truth` added. DataError on variables the stream lacks or no pair at all."""
-    have = point_stream(obs_dir, stream).channels
+    info = point_stream(obs_dir, stream)  # the registry read once: it checks every stream's data
+    have = info.channels
     unknown = sorted(set(forecasts["variable"]) - set(have))
     if unknown:
         raise DataError(f"{what}: variable(s) {', '.join(unknown)} not observed by stream '{stream}' of "
                         f"{location.join(obs_dir, REGISTRY)} (has: {', '.join(have) or 'none'})")
     fc = forecasts.assign(valid_time=forecasts[INIT] + pd.to_timedelta(forecasts[LEAD], unit="h"))
-    truth = read_station_truth(obs_dir, stream, fc["valid_time"].unique(), max_quality)
+    truth = _read_truth(obs_dir, info, fc["valid_time"].unique(), max_quality)
     paired = fc.merge(truth, on=["station", "valid_time", "variable"], how="inner")
     if paired.empty:
         vt = fc["valid_time"]
