@@ -36,6 +36,15 @@ def _step(model, name, x, lat_w):
     return loss.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None], g.get_state()
 
 
+def _assert_same_step(eager, compiled):
+    """(output or loss, gradients, the generator's end state) of an eager and a compiled step: the same numbers,
+    the same draws in the same order."""
+    assert torch.equal(eager[0], compiled[0]) and torch.equal(eager[2], compiled[2])
+    assert len(eager[1]) == len(compiled[1]) > 0
+    for a, b in zip(eager[1], compiled[1]):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+
+
 @pytest.mark.parametrize("name", [n if n == "reslim" else pytest.param(n, marks=pytest.mark.slow) for n in MODELS])
 def test_every_model_trains_compiled_with_the_eager_numbers(name, tiny_kwargs, tiny_input):
     torch.manual_seed(0)
@@ -49,11 +58,7 @@ def test_every_model_trains_compiled_with_the_eager_numbers(name, tiny_kwargs, t
     lat_w = torch.ones(16)
     eager = _step(model, name, x, lat_w)
     compiled = _step(compile_module(model, "default", backend="aot_eager"), name, x, lat_w)
-    assert torch.equal(eager[0], compiled[0])
-    assert len(eager[1]) == len(compiled[1]) > 0
-    for a, b in zip(eager[1], compiled[1]):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
-    assert torch.equal(eager[2], compiled[2])  # the same draws, in the same order: the generator ends alike
+    _assert_same_step(eager, compiled)
 
 
 def test_compiled_sampler_call_matches_and_compiles_once_for_all_noise_levels(tiny_kwargs):
@@ -103,12 +108,9 @@ def test_the_sparse_model_trains_compiled_under_bf16_autocast_as_eager_does(tiny
     with torch.autocast("cpu", dtype=torch.bfloat16):
         eager = _step(model, "reslim", x, lat_w)
         compiled = _step(compile_module(model, "default", backend="aot_eager"), "reslim", x, lat_w)
-    assert eager[0].dtype == torch.float32 and torch.equal(eager[0], compiled[0])  # autocast's loss is fp32
-    assert len(eager[1]) == len(compiled[1]) > 0
-    for a, b in zip(eager[1], compiled[1]):
-        assert a.dtype == b.dtype == torch.float32  # parameters and their gradients stay fp32
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
-    assert torch.equal(eager[2], compiled[2])
+    _assert_same_step(eager, compiled)
+    assert eager[0].dtype == torch.float32  # autocast's loss is fp32
+    assert all(a.dtype == b.dtype == torch.float32 for a, b in zip(eager[1], compiled[1]))  # fp32 gradients
 
 
 def _trained_alike(model, call):
@@ -144,11 +146,7 @@ def test_the_end_to_end_stage_modules_train_compiled_with_the_eager_numbers(stag
         state, feats = torch.randn(2, 4, 16, 32, generator=g), torch.randn(2, 30, 1, generator=g)
         coords = torch.stack([torch.rand(2, 30, generator=g) * 160 - 80, torch.rand(2, 30, generator=g) * 360], -1)
         call = lambda m, g: m(state, coords, feats)  # noqa: E731
-    (y, grads, end), (y_c, grads_c, end_c) = _trained_alike(model, call)
-    assert torch.equal(y, y_c) and torch.equal(end, end_c)
-    assert len(grads) == len(grads_c) > 0
-    for a, b in zip(grads, grads_c):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+    _assert_same_step(*_trained_alike(model, call))
     if stage == "decoder":
         compiled = compile_module(model, "default", backend="aot_eager")
         compiled(state, coords, feats)
