@@ -48,8 +48,8 @@ import numpy as np
 
 def _setup(args):
     from wxray.config import load_config
+    from wxray.forecast.nested import Plan
     from wxray.platform.ensemble.batch import EnsembleConfig, build_models
-    from wxray.platform.inference.nested import Plan
 
     m, n, r = args.members
     cfg = load_config(EnsembleConfig, [f"checkpoint={args.checkpoint}", f"members.M={m}", f"members.N={n}",
@@ -86,7 +86,7 @@ class _Replica:
         self.plan, self.reader, self.anchors, self.times = plan, E2EReader(spec, obs), anchors, times
 
     def __call__(self, batch):
-        from wxray.platform.inference.nested import run_unit
+        from wxray.forecast.nested import run_unit
 
         a, i = int(batch["a"][0]), int(batch["i"][0])
         unit = run_unit(self.models, self.reader.inputs(self.anchors[[a]]), self.times[a], i, self.plan)
@@ -110,7 +110,7 @@ def run_in_process(models, plan, units, anchors, times, data, actors: int, one_b
     import torch
 
     from wxray.data.e2e_windows import E2EReader
-    from wxray.platform.inference.nested import run_unit
+    from wxray.forecast.nested import run_unit
 
     reader = E2EReader(data.spec, data.obs)
     local = copy.deepcopy(models).prepare(plan.dropout)  # prepare() switches modes in place

@@ -4,7 +4,7 @@
     python benchmarks/bench_rollout.py --device cuda --dim 256 --img 64 128 --bf16 --modes eager default reduce-overhead
 
 The forecaster is bench_sparse.py's Res-Slim-ViT (depth 12, split (2, 8, 2), r = 0.25, random routing) with
-random weights, rolled out `--steps` autoregressive steps from one initial state as `platform/train/rollout.py`
+random weights, rolled out `--steps` autoregressive steps from one initial state as `forecast/rollout.py`
 rolls out a forecast job's members: member m draws its token selection from its own generator (seeds.py, the
 coordinates (m,) of the init), each step's forecast is fed back as the newest history frame. "alone" runs the
 members one per forward (batch 1, as a member is recomputed alone), "batched" all `--members` in one batch.
@@ -26,12 +26,12 @@ import time
 import torch
 from bench_sparse import DEPTH, HEADS, MLP_RATIO, N_CONST, PATCH, SPLIT
 
+from wxray.forecast.rollout import per_sample_routing
+from wxray.forecast.seeds import coordinate_generator
 from wxray.models import ResSlimViT
 from wxray.models.batch_invariance import batch_invariant
 from wxray.models.compiled import COMPILE_MODES, compile_forecaster
 from wxray.platform.cluster.devices import compute
-from wxray.platform.train.rollout import per_sample_routing
-from wxray.platform.train.seeds import coordinate_generator
 
 N_VARS, HISTORY, KEEP = 5, 2, 0.25
 INIT = "2020-01-01T00"

@@ -30,11 +30,11 @@ import torch
 from wxray.data.anchors import split_anchors, valid_anchors
 from wxray.data.schema import open_store
 from wxray.data.windows import WindowReader
-from wxray.platform.inference.forecast import find_checkpoint, trained_spec, training_configs
-from wxray.platform.train import checkpoints
-from wxray.platform.train.checkpoint_forecast import load_forecaster
-from wxray.platform.train.rollout import per_sample_routing, rollout
-from wxray.platform.train.seeds import coordinate_generator
+from wxray.forecast import checkpoints
+from wxray.forecast.forecaster import load_forecaster
+from wxray.forecast.job import find_checkpoint, trained_spec, training_configs
+from wxray.forecast.rollout import per_sample_routing, rollout
+from wxray.forecast.seeds import coordinate_generator
 
 
 def routers(model):

@@ -6,15 +6,15 @@
     python jobs/forecast.py checkpoint=<dir> members=10 seed=0           # routing draws as an ensemble
     python jobs/evaluate.py forecast=<out_dir>/forecast.zarr truth=<store>   # CRPS, spread-skill, ...
 
-Every option is a field of `wxray.platform.inference.forecast.ForecastConfig`; bad input exits 2 with a one-line error.
+Every option is a field of `wxray.forecast.job.ForecastConfig`; bad input exits 2 with a one-line error.
 """
 
 from __future__ import annotations
 
 import sys
 
+from wxray.forecast.job import ForecastConfig, forecast
 from wxray.job import run_job
-from wxray.platform.inference.forecast import ForecastConfig, forecast
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,8 +8,8 @@
 
 import sys
 
+from wxray.forecast.job_e2e import ForecastE2EConfig, forecast_e2e
 from wxray.job import run_job
-from wxray.platform.inference.forecast_e2e import ForecastE2EConfig, forecast_e2e
 
 if __name__ == "__main__":
     sys.exit(run_job("forecast_e2e", ForecastE2EConfig, forecast_e2e, doc=__doc__))

@@ -10,8 +10,8 @@ See wxray/data/sample.py.
 
 import sys
 
-from wxray.data.jobs import SampleDataConfig, make_sample_main
 from wxray.job import run_job
+from wxray.prepare.stores import SampleDataConfig, make_sample_main
 
 if __name__ == "__main__":
     sys.exit(run_job("make_sample_data", SampleDataConfig, make_sample_main, doc=__doc__))

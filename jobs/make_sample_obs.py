@@ -10,8 +10,8 @@ noise). The truth stays in the store. Seeded, deterministic. See wxray/data/obs/
 
 import sys
 
-from wxray.data.obs.jobs import SampleObsConfig, make_sample_obs_main
 from wxray.job import run_job
+from wxray.prepare.obs import SampleObsConfig, make_sample_obs_main
 
 if __name__ == "__main__":
     sys.exit(run_job("make_sample_obs", SampleObsConfig, make_sample_obs_main, doc=__doc__))

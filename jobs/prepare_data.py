@@ -18,9 +18,9 @@ its store. See wxray/data/view.py.
 
 import sys
 
-from wxray.data.jobs import PrepareDataConfig
 from wxray.job import run_job
 from wxray.platform.ingest.prepare import prepare_data_main
+from wxray.prepare.stores import PrepareDataConfig
 
 if __name__ == "__main__":
     sys.exit(run_job("prepare_data", PrepareDataConfig, prepare_data_main, doc=__doc__))

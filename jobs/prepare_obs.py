@@ -12,8 +12,8 @@ nothing is written. Prints `RESULT {json}`. See wxray/data/obs/prepare.py.
 
 import sys
 
-from wxray.data.obs.jobs import PrepareObsConfig, prepare_obs_main
 from wxray.job import run_job
+from wxray.prepare.obs import PrepareObsConfig, prepare_obs_main
 
 if __name__ == "__main__":
     sys.exit(run_job("prepare_obs", PrepareObsConfig, prepare_obs_main, doc=__doc__))

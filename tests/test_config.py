@@ -108,11 +108,11 @@ def test_renamed_keys_keep_working_for_a_release_with_one_line(capsys):
     members.M/N, forecast's samples `members`; the old names still work, each with one deprecation line, and
     both names at once is an error. The OSE's deny is kept likewise."""
     from wxray.errors import ConfigError
+    from wxray.forecast.job import ForecastConfig
+    from wxray.forecast.job_e2e import ForecastE2EConfig
     from wxray.job import prepare
     from wxray.platform.ensemble.batch import EnsembleConfig
     from wxray.platform.ensemble.ose import OSEConfig
-    from wxray.platform.inference.forecast import ForecastConfig
-    from wxray.platform.inference.forecast_e2e import ForecastE2EConfig
     from wxray.platform.train.stage_config import TrainE2EConfig
     from wxray.platform.train.stochastic import FinetuneStochasticConfig
 

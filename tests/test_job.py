@@ -118,8 +118,8 @@ def test_a_failing_job_leaves_an_existing_run_directory_as_it_was(tmp_path, trac
 
 def test_path_keys_expand_home_anchor_globs_and_leave_urls(tmp_path, monkeypatch):
     from wxray.config import resolve_paths
-    from wxray.data.jobs import PrepareDataConfig
     from wxray.io import resolve_path
+    from wxray.prepare.stores import PrepareDataConfig
 
     monkeypatch.setenv("HOME", str(tmp_path / "user"))
     monkeypatch.setenv("WXRAY_HOME", str(tmp_path / "home"))

@@ -1,6 +1,9 @@
-"""The package's floors: models, data and verify never import the Ray layer (wxray.platform, wxray.tune);
-models import nothing of data, verify or I/O libraries either (of wxray only its config vocabulary and errors),
-verify nothing of models; and no module hides an import of wxray in a function (a circle would hide there)."""
+"""The package's floors (docs/ARCHITECTURE.md): models, data, verify and forecast never import the Ray layer
+(wxray.platform, wxray.tune, ray); models import nothing of data, verify or I/O libraries either (of wxray only
+its config vocabulary and errors), verify nothing of models, data nothing of the job plumbing above it (job.py,
+tracking, provenance) or of the rooms above; the platform's rooms import one way (cluster <- train, cluster <-
+ensemble: the ensemble jobs take what they run from the forecast room, never from training); and no module hides
+an import of wxray in a function (a circle would hide there)."""
 
 from __future__ import annotations
 
@@ -13,8 +16,15 @@ PKG = Path(__file__).resolve().parents[1] / "wxray"
 FORBIDDEN = {
     "models": ("wxray.platform", "wxray.tune", "wxray.data", "wxray.verify", "wxray.job", "wxray.tracking",
                "ray", "mlflow", "xarray", "zarr"),
-    "data": ("wxray.platform", "wxray.tune", "ray"),
-    "verify": ("wxray.platform", "wxray.tune", "wxray.models", "ray", "torch"),
+    "data": ("wxray.platform", "wxray.tune", "ray", "wxray.job", "wxray.tracking", "wxray.provenance", "wxray.cli",
+             "wxray.verify", "wxray.forecast", "wxray.prepare"),
+    "verify": ("wxray.platform", "wxray.tune", "wxray.models", "ray", "torch", "wxray.forecast", "wxray.prepare"),
+    "forecast": ("wxray.platform", "wxray.tune", "ray", "wxray.prepare", "wxray.cli"),
+    "prepare": ("wxray.platform", "wxray.tune", "ray", "wxray.forecast", "wxray.cli"),
+    "platform/cluster": ("wxray.platform.train", "wxray.platform.ensemble", "wxray.platform.ingest", "wxray.tune"),
+    "platform/train": ("wxray.platform.ensemble", "wxray.platform.ingest", "wxray.tune"),
+    "platform/ensemble": ("wxray.platform.train", "wxray.platform.ingest", "wxray.tune"),
+    "platform/ingest": ("wxray.platform.train", "wxray.platform.ensemble", "wxray.tune"),
 }
 MODELS_MAY_IMPORT = ("wxray.models", "wxray.config", "wxray.errors")
 

@@ -46,6 +46,7 @@ from typing import Any, ClassVar, TypeVar
 from wxray import provenance
 from wxray.config import MODEL_URIS, OutDir, dump_yaml, flatten, load_config, path_keys, resolve_paths, to_dict
 from wxray.config_help import describe
+from wxray.console import VERBOSE_ENV, say
 from wxray.data import integrity, location
 from wxray.errors import ConfigError, WxrayError
 from wxray.io import (
@@ -67,7 +68,6 @@ from wxray.sizes import free_disk, human
 from wxray.tracking import Tracker, TrackingConfig, check_server, redact, redact_uri, resolve_uri
 
 C = TypeVar("C", bound="JobConfig")
-VERBOSE_ENV = "WXRAY_VERBOSE"
 INTERRUPTED = 130  # the exit status of a job stopped by Ctrl-C (SIGINT), as the shell reports one
 
 
@@ -89,15 +89,6 @@ class JobConfig:
     def run_label(self, job: str) -> str:
         """The distinguishing start of the default MLflow run name (jobs override: model, keep ratio)."""
         return job
-
-
-def verbose() -> bool:
-    return os.environ.get(VERBOSE_ENV, "") not in ("", "0")
-
-
-def say(line: str) -> None:
-    """A progress line for the user, on stdout, flushed (RESULT stays the last line)."""
-    print(f"wxray: {line}", flush=True)
 
 
 def recorded_path(path: str, what: str) -> str:

@@ -12,11 +12,11 @@ import pytest
 from tests.data.data_helpers import JobRun
 from tests.data.obs_helpers import listing
 from wxray.data.obs import ObsWindowReader, make_obs_spec, open_registry
-from wxray.data.obs.jobs import PrepareObsConfig, prepare_obs_main
 from wxray.data.obs.prepare import prepare_obs
 from wxray.data.obs.windows import check_reports
 from wxray.errors import DataError
 from wxray.job import run_job
+from wxray.prepare.obs import PrepareObsConfig, prepare_obs_main
 
 CSV = """Station,Date,LAT,long,elev,QC,t2m,MSL,note
 10001,2000-01-01T00:00Z,51.5,-0.1,35,0,280.5,101325,a

@@ -25,7 +25,7 @@ from wxray.data.obs import ObsWindowReader, make_obs_spec, open_registry
 from wxray.data.obs.registry import GRIDDED, POINT, write_registry
 from wxray.data.obs.windows import count_reports
 from wxray.errors import ConfigError, DataError
-from wxray.platform.inference.chain import station_table
+from wxray.forecast.chain import station_table
 from wxray.platform.train.datasets import e2e_dataset
 from wxray.verify.station_truth import read_station_truth
 from wxray.verify.stations import station_evaluation

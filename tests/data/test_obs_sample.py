@@ -179,8 +179,8 @@ def test_existing_out_is_refused_and_nothing_half_written(small_store, small_obs
 
 
 def test_make_sample_obs_job(small_store, tmp_path, capsys):
-    from wxray.data.obs.jobs import SampleObsConfig, make_sample_obs_main
     from wxray.job import run_job
+    from wxray.prepare.obs import SampleObsConfig, make_sample_obs_main
 
     rc = run_job("make_sample_obs", SampleObsConfig, make_sample_obs_main,
                  [f"store={small_store}", f"out={tmp_path / 'obs'}", "stations=50", "ships=4", "profiles=3",
@@ -197,8 +197,8 @@ def test_make_sample_obs_job(small_store, tmp_path, capsys):
 
 
 def test_a_swath_grid_that_cannot_fit_is_refused_before_any_work(small_store, tmp_path, capsys):
-    from wxray.data.obs.jobs import SampleObsConfig, make_sample_obs_main
     from wxray.job import run_job
+    from wxray.prepare.obs import SampleObsConfig, make_sample_obs_main
 
     rc = run_job("make_sample_obs", SampleObsConfig, make_sample_obs_main,
                  [f"store={small_store}", f"out={tmp_path / 'obs'}", "swath_grid=100000x200000",

@@ -11,14 +11,14 @@ import xarray as xr
 
 from tests.platform.conftest import write_tiny_store
 from wxray.data import location, view
-from wxray.data.jobs import PrepareDataConfig
-from wxray.data.jobs import prepare_data_main as local_main
 from wxray.data.schema import open_stats, open_store
 from wxray.data.stats import compute_stats
 from wxray.data.window_data import DataConfig, prepare_windows
 from wxray.data.windows import WindowReader
 from wxray.job import run_job
 from wxray.platform.ingest.prepare import prepare_data_main
+from wxray.prepare.stores import PrepareDataConfig
+from wxray.prepare.stores import prepare_data_main as local_main
 
 
 @pytest.fixture(scope="module")

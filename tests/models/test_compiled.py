@@ -129,9 +129,9 @@ def _trained_alike(model, call):
 @pytest.mark.slow  # tracing on 2 cores: make test, not test-fast (test-fast keeps the sparse model and the sampler)
 @pytest.mark.parametrize("stage", ["encoder", "stochastic encoder", "decoder"])
 def test_the_end_to_end_stage_modules_train_compiled_with_the_eager_numbers(stage):
-    """The end-to-end stages of the loop (platform/train/stages.py) compile too: the SetConv encoder with its
-    dropout, the noise-conditioned encoder with its members, the station decoder (at another station count the
-    compiled module recompiles and still agrees)."""
+    """The end-to-end stages of the loop (forecast/stages.py) compile too: the SetConv encoder with its dropout,
+    the noise-conditioned encoder with its members, the station decoder (at another station count the compiled
+    module recompiles and still agrees)."""
     obs, static = make_obs(), torch.randn(2, 2, 16, 32, generator=torch.Generator().manual_seed(3))
     if stage == "encoder":
         model, call = make_encoder(dropout=0.1).train(), lambda m, g: m(obs, static, generator=g)

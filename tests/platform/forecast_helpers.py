@@ -12,9 +12,9 @@ from wxray.config import to_dict
 from wxray.data.schema import open_stats, open_store
 from wxray.data.window_data import DataConfig
 from wxray.data.windows import fit_spec, make_spec
+from wxray.forecast import checkpoints
 from wxray.job import run_job
 from wxray.models.registry import ModelConfig, build_forecaster, model_identity
-from wxray.platform.train import checkpoints
 
 TRAJECTORY_1 = "2000-01-01T06/2000-01-04T06"  # every init of the first trajectory with truth 12 h ahead
 

@@ -100,7 +100,7 @@ def test_elastic_num_workers_parse_validate_and_reach_ray():
 def test_the_lr_schedule_does_not_move_when_an_elastic_run_resizes():
     from wxray.job import prepare
     from wxray.platform.train.config import TrainSparseConfig
-    from wxray.platform.train.loop import sample_schedule
+    from wxray.platform.train.schedule import sample_schedule
 
     cfg = prepare("train_sparse", TrainSparseConfig, ["scaling.num_workers=[1,4]", "optim.warmup_steps=5",
                                                       "train.max_steps_per_epoch=3", "data.batch_size=2",

@@ -8,8 +8,8 @@ import pytest
 from ray.train import Checkpoint
 
 from wxray.errors import CheckpointError
-from wxray.platform.train import checkpoints
-from wxray.platform.train.loop import newest_checkpoint
+from wxray.forecast import checkpoints
+from wxray.platform.train.resume import newest_checkpoint
 
 
 def test_resume_epoch_counts_epochs_completed_in_both_formats():

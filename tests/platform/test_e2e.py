@@ -19,8 +19,8 @@ from wxray.data.e2e_windows import E2EReader, ObsDataConfig, prepare_e2e, time_f
 from wxray.data.obs.prepare import prepare_obs
 from wxray.data.schema import open_store
 from wxray.errors import CheckpointError, ConfigError
+from wxray.forecast.job_e2e import ForecastE2EConfig, forecast_e2e
 from wxray.job import run_job
-from wxray.platform.inference.forecast_e2e import ForecastE2EConfig, forecast_e2e
 from wxray.platform.train.e2e import initial_weights, train_e2e
 from wxray.platform.train.stage_config import TrainE2EConfig
 from wxray.platform.train.stochastic import FinetuneStochasticConfig, finetune_stochastic

@@ -13,13 +13,13 @@ from wxray.config import load_config
 from wxray.data.e2e_windows import E2EReader, prepare_e2e
 from wxray.data.schema import TIME, open_store
 from wxray.errors import ConfigError, WxrayError
+from wxray.forecast.nested import Plan, UnitModels, run_unit
+from wxray.forecast.stages import build_encoder
 from wxray.models import StochasticEncoder
 from wxray.models.registry import build_forecaster
 from wxray.platform.ensemble.actors import actor_capacity, fan_out
 from wxray.platform.ensemble.store import DONE, EnsembleStore, Layout
-from wxray.platform.inference.nested import Plan, UnitModels, run_unit
 from wxray.platform.train.stage_config import TrainE2EConfig
-from wxray.platform.train.stages import build_encoder
 from wxray.verify.anova import nested_anova
 from wxray.verify.variance import split_members, split_moments
 

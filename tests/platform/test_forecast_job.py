@@ -21,12 +21,12 @@ from tests.platform.forecast_helpers import (
 from wxray.config import dump_yaml
 from wxray.data.schema import open_store
 from wxray.data.window_data import WindowData
+from wxray.forecast.job import ForecastConfig, forecast
+from wxray.forecast.rollout import rollout
 from wxray.job import JobContext
 from wxray.models import EDMForecaster
-from wxray.platform.inference.forecast import ForecastConfig, forecast
 from wxray.platform.train.config import TrainSparseConfig
 from wxray.platform.train.evaluation import evaluate_checkpoint
-from wxray.platform.train.rollout import rollout
 from wxray.provenance import store_fingerprint
 from wxray.verify.evaluate import EvaluateConfig, evaluate
 

@@ -27,10 +27,10 @@ from wxray.config_yaml import load_yaml
 from wxray.data import location
 from wxray.data.schema import open_stats, open_store
 from wxray.data.windows import WindowReader, fit_spec, make_spec
+from wxray.forecast import checkpoints, mlflow_model
+from wxray.forecast.job import ForecastConfig, forecast
+from wxray.forecast.rollout import rollout
 from wxray.job import run_job
-from wxray.platform.inference.forecast import ForecastConfig, forecast
-from wxray.platform.train import checkpoints, mlflow_model
-from wxray.platform.train.rollout import rollout
 from wxray.tracking import Tracker, TrackingConfig
 from wxray.verify.evaluate import EvaluateConfig, evaluate
 

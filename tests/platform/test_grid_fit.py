@@ -126,8 +126,8 @@ def eraint_store(tmp_path_factory):
 
 def test_eraint_grid_crops_to_the_paper_layout_and_forecasts(eraint_store):
     from wxray.data.schema import open_climatology
+    from wxray.forecast.rollout import rollout, to_forecast_dataset
     from wxray.models.registry import ModelConfig, build_forecaster
-    from wxray.platform.train.rollout import rollout, to_forecast_dataset
     from wxray.verify.lead_scores import rollout_report
 
     store = open_store(eraint_store)

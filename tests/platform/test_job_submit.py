@@ -115,8 +115,8 @@ def test_train_job_runs_under_ray_job_submit_and_logs_to_an_mlflow_server(tmp_pa
         registered = result["mlflow_model"]
         assert registered["uri"] == "models:/wxray-reslim/1"
         assert client.get_model_version("wxray-reslim", "1").run_id == result["mlflow_run_id"]
+        from wxray.forecast.job import ForecastConfig, forecast
         from wxray.job import run_job
-        from wxray.platform.inference.forecast import ForecastConfig, forecast
 
         rc = run_job("forecast", ForecastConfig, forecast,
                      [f"checkpoint={registered['uri']}", f"tracking.uri={tracking}", "steps=1",

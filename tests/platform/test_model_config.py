@@ -8,9 +8,9 @@ import pytest
 
 from wxray.config import load_config
 from wxray.errors import CheckpointError, ConfigError
+from wxray.forecast import checkpoints
 from wxray.models import SELECTIONS
 from wxray.models.registry import ModelConfig, Selection
-from wxray.platform.train import checkpoints
 from wxray.platform.train.config import TrainSparseConfig
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -72,7 +72,7 @@ def test_checkpoints_from_before_pos_embed_count_as_fixed(tmp_path):
     import torch
 
     from wxray.errors import CheckpointError
-    from wxray.platform.train import checkpoints
+    from wxray.forecast import checkpoints
 
     torch.save({"model": {}}, tmp_path / "state.pt")
     (tmp_path / "meta.json").write_text(json.dumps({"format": checkpoints.FORMAT, "model": {"embed_dim": 32}}))

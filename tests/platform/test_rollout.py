@@ -14,11 +14,11 @@ from wxray.data.schema import open_climatology, open_stats, open_store
 from wxray.data.stats import add_stats
 from wxray.data.windows import WindowConfig, make_spec
 from wxray.errors import DataError
+from wxray.forecast.rollout import check_rollout, possible_steps, rollout, to_forecast_dataset, write_forecast
+from wxray.forecast.seeds import DROPOUT, ENCODER, ROUTING, coordinate_seed
 from wxray.models.batch_invariance import batch_invariant
 from wxray.models.compiled import compile_forecaster
 from wxray.models.registry import ModelConfig, build_forecaster
-from wxray.platform.train.rollout import check_rollout, possible_steps, rollout, to_forecast_dataset, write_forecast
-from wxray.platform.train.seeds import DROPOUT, ENCODER, ROUTING, coordinate_seed
 from wxray.verify.lead_scores import rollout_report, score_per_lead
 from wxray.verify.spatial import latitude_weights
 
@@ -194,7 +194,7 @@ def test_a_compiled_rollout_draws_and_forecasts_as_the_eager_one(tiny_store):
 
 def test_the_one_seed_scheme():
     """Every draw's seed comes from its coordinates: a forecaster's member m is (m,), a nested ensemble's draws
-    (source, i, j, k); the same function for both (train/seeds.py)."""
+    (source, i, j, k); the same function for both (forecast/seeds.py)."""
     t = np.datetime64("2000-01-01T06:00:00.000000000")
     expected = np.random.SeedSequence([3, 946706400, 1]).generate_state(1, np.uint64)[0]
     assert coordinate_seed(3, t, 1) == int(expected)

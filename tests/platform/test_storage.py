@@ -16,9 +16,9 @@ from tests.platform.test_trainer import SMALL, _history
 from wxray.config import load_config
 from wxray.data import location
 from wxray.errors import ConfigError
+from wxray.forecast.job import ForecastConfig, forecast
+from wxray.forecast.job_e2e import ForecastE2EConfig, forecast_e2e
 from wxray.job import run_job
-from wxray.platform.inference.forecast import ForecastConfig, forecast
-from wxray.platform.inference.forecast_e2e import ForecastE2EConfig, forecast_e2e
 from wxray.platform.train import storage
 from wxray.platform.train.config import TrainSparseConfig
 from wxray.platform.train.sparse import train_sparse

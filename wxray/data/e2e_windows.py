@@ -29,6 +29,7 @@ import numpy as np
 import xarray as xr
 
 from wxray.config import InPath, NonNegInt, PosInt
+from wxray.console import say
 from wxray.data import location
 from wxray.data.obs.points import ALTITUDE, open_point_dataset
 from wxray.data.obs.registry import REGISTRY, ObsSpec, make_obs_spec
@@ -39,7 +40,6 @@ from wxray.data.window_data import DataConfig, WindowData, prepare_windows
 from wxray.data.windows import WindowReader, WindowSpec, fit_spec, open_lazy
 from wxray.errors import ConfigError, DataError
 from wxray.io import resolve_path
-from wxray.job import say
 
 DEFAULT_SAMPLE_OBS = "data/sample_obs"
 

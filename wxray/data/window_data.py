@@ -15,6 +15,7 @@ import numpy as np
 import xarray as xr
 
 from wxray.config import InPath, PosFloat, PosInt, Seed
+from wxray.console import say
 from wxray.data import location
 from wxray.data.anchors import split_anchors, valid_anchors
 from wxray.data.sample import ensure_sample_store
@@ -22,7 +23,6 @@ from wxray.data.schema import LEVEL, TIME, open_stats, open_store
 from wxray.data.windows import WindowConfig, WindowSpec, make_spec
 from wxray.errors import ConfigError, DataError
 from wxray.io import resolve_path
-from wxray.job import say
 
 DEFAULT_SAMPLE_STORE = "data/sample_32x64.zarr"
 

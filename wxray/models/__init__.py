@@ -21,7 +21,7 @@ from wxray.models.backbone import (
     sincos_pos_embed_2d,
 )
 from wxray.models.blocks import MLP, Attention, Block, Dropout, DropPath, RowGenerators, enable_mc_dropout
-from wxray.models.e2e import ObsEncoder, StationDecoder, StreamInput
+from wxray.models.e2e import DecoderConfig, EncoderConfig, ObsEncoder, StationDecoder, StreamInput
 from wxray.models.edm import (
     ConditionTokenizer,
     HeldRandomSelector,
@@ -96,6 +96,7 @@ __all__ = [
     "CNNSkip",
     "ConditionTokenizer",
     "CrossAttention",
+    "DecoderConfig",
     "DropPath",
     "Dropout",
     "EDMBlock",
@@ -108,6 +109,7 @@ __all__ = [
     "LaplacianSelector",
     "LearnedSelector",
     "NoiseEmbedding",
+    "EncoderConfig",
     "ObsEncoder",
     "RandomSelector",
     "ResSlimBackbone",

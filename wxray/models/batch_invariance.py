@@ -1,6 +1,6 @@
 """Forward passes whose every sample gets the same bits whatever the batch it is in, on the CPU.
 
-A member of an ensemble is recomputable alone (its draws derive from its coordinates, `train/seeds.py`), but
+A member of an ensemble is recomputable alone (its draws derive from its coordinates, `forecast/seeds.py`), but
 only bit for bit if the arithmetic of its sample does not depend on the batch around it. On the CPU, oneDNN
 (mkldnn) picks its convolution and matmul algorithms by the batch size, so a sample computed in a batch of 8
 differs from itself alone by float32 rounding (1e-7 relative, measured on the demo model). And from a batch of 16

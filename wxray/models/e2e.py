@@ -29,6 +29,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
+from wxray.config import NonNegFloat, NonNegInt, PosFloat, PosInt
+from wxray.errors import ConfigError
 from wxray.models.reslim import ResSlimViT
 from wxray.models.setconv import ArrayLike, SetConv, grid_spacing_deg
 
@@ -65,6 +67,23 @@ def _grid_buffer(values: ArrayLike, what: str) -> Tensor:
     if t.numel() == 0 or not torch.isfinite(t).all():
         raise ValueError(f"{what} must be a non-empty sequence of finite degrees")
     return t
+
+
+@dataclass
+class EncoderConfig:
+    hidden: PosInt = 64  # width of the per-pixel MLP between the SetConv embeddings and the ViT
+    latent: NonNegInt = 0  # channels the MLP hands the ViT (its tokenizer's variables); 0 = the state's channels
+    patch_size: PosInt = 4  # pixels per ViT token side (the processor's too: one grid)
+    embed_dim: PosInt = 128  # ViT token width
+    depth: PosInt = 4  # ViT blocks
+    num_heads: PosInt = 4  # attention heads (must divide embed_dim)
+    mlp_ratio: PosFloat = 4.0  # ViT MLP hidden width / embed_dim
+    length_scale_deg: NonNegFloat = 0.0  # initial SetConv length scale (learned per stream); 0 = the grid spacing
+
+    def validate(self) -> None:
+        if self.embed_dim % self.num_heads:
+            raise ConfigError(f"encoder.embed_dim={self.embed_dim} is not divisible by "
+                              f"encoder.num_heads={self.num_heads}")
 
 
 class ObsEncoder(nn.Module):
@@ -223,6 +242,12 @@ class _GridConv(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         x = F.pad(x, (1, 1, 0, 0), mode="circular" if self.periodic else "constant")
         return self.conv(F.pad(x, (0, 0, 1, 1)))
+
+
+@dataclass
+class DecoderConfig:
+    hidden: PosInt = 64  # width of the grid convolutions and the station MLP
+    length_scale_deg: NonNegFloat = 0.0  # initial grid -> station SetConv length scale; 0 = the grid spacing
 
 
 class StationDecoder(nn.Module):

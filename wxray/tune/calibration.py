@@ -21,9 +21,9 @@ from typing import Any
 import pandas as pd
 from ray import tune
 
+from wxray.forecast.chain import load_chain, load_stochastic
+from wxray.forecast.job_e2e import ForecastE2EConfig, forecast_e2e
 from wxray.job import JobContext
-from wxray.platform.inference.chain import load_chain, load_stochastic
-from wxray.platform.inference.forecast_e2e import ForecastE2EConfig, forecast_e2e
 from wxray.tune.trials import run_trial
 from wxray.verify.evaluate import EvaluateConfig, evaluate
 

@@ -7,9 +7,9 @@ import math
 
 import ray
 
+from wxray.console import say
 from wxray.data.window_data import prepare_windows
 from wxray.errors import ConfigError
-from wxray.job import say
 from wxray.tune import calibration
 from wxray.tune.config import SweepConfig
 

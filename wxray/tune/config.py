@@ -7,8 +7,8 @@ from typing import Annotated, Any, Literal
 
 from wxray.config import InPath, NonNegInt, PosInt, Range, deep_merge
 from wxray.config_yaml import load_yaml
+from wxray.forecast.job_e2e import ForecastE2EConfig
 from wxray.job import JobConfig
-from wxray.platform.inference.forecast_e2e import ForecastE2EConfig
 from wxray.platform.train.config import TrainSparseConfig
 from wxray.tune.space import nest
 

@@ -31,9 +31,10 @@ from ray.tune import Callback
 from ray.tune.schedulers import FIFOScheduler
 
 from wxray.config import from_dict, resolve_paths, to_dict
+from wxray.console import say, verbose
 from wxray.errors import ConfigError
 from wxray.io import resolve_path
-from wxray.job import JobContext, say, verbose
+from wxray.job import JobContext
 from wxray.platform.cluster import session
 from wxray.tune import results
 from wxray.tune.calibration import forecast_trial_fn

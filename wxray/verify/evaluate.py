@@ -32,10 +32,11 @@ import pandas as pd
 import xarray as xr
 
 from wxray.config import InPath, NonNegInt, PathKey, PosInt, Range, Seed
+from wxray.console import say
 from wxray.data.schema import INIT, LAT, LEAD, LON, TIME, channels, longitude_convention
 from wxray.errors import ConfigError, DataError
 from wxray.io import atomic_path
-from wxray.job import JobConfig, JobContext, say
+from wxray.job import JobConfig, JobContext
 from wxray.verify.digest import digest
 from wxray.verify.forecasts import (
     check_grid,

@@ -6,7 +6,6 @@
 * `wxray.data.obs.windows`  — `ObsWindowReader`: the observations of a batch of assimilation windows.
 * `wxray.data.obs.sample`   — `make_sample_obs`: synthetic streams derived from a store (the sample).
 * `wxray.data.obs.prepare`  — `prepare_obs`: a user's station table (CSV / Parquet) -> a point stream.
-* `wxray.data.obs.jobs`     — the jobs `make-sample-obs` and `prepare-obs`.
 """
 
 from wxray.data.obs.registry import ObsSpec, Registry, StreamInfo, make_obs_spec, open_registry

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from wxray.console import say
 from wxray.errors import ConfigError
-from wxray.job import say
 from wxray.platform.cluster import placement
 from wxray.platform.cluster.scaling import ScalingCfg
 

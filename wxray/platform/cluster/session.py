@@ -11,9 +11,9 @@ import time
 
 import ray
 
+from wxray.console import verbose
 from wxray.data import location
 from wxray.errors import ConfigError
-from wxray.job import verbose
 
 JOB_CONFIG_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"  # the submitted job's config, runtime env included (Ray's name)
 

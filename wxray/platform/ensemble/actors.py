@@ -15,7 +15,7 @@ read once for all the runs' units.
 
 Failures: an actor that dies is restarted (`max_restarts`) and its in-flight units are retried
 (`max_task_retries`). The restarted actor rebuilds its replica from the same object; the units' draws
-derive from their coordinates (`train/seeds.py`), so recomputed members are bit-identical.
+derive from their coordinates (`forecast/seeds.py`), so recomputed members are bit-identical.
 
 Resources: `num_cpus` / `num_gpus` (whole or fractional) per actor, checked against the live nodes before
 any actor is created, so a request no cluster can meet is an error, not a wait. With `vendor=any` actors may
@@ -34,8 +34,8 @@ import numpy as np
 import torch
 
 from wxray.errors import ConfigError, WxrayError
+from wxray.forecast.nested import Plan, UnitModels, run_unit
 from wxray.platform.cluster.placement import actor_options, cluster_nodes, device_for_actor
-from wxray.platform.inference.nested import Plan, UnitModels, run_unit
 
 Unit = tuple[int, int, int]  # (run, init index, encoder draw)
 

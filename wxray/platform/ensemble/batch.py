@@ -7,7 +7,7 @@ on Ray actors, and where their spread comes from.
 
 `stages` is the stages directory of `jobs/train_e2e.py` after `jobs/finetune_stochastic.py` (the
 stochastic encoder, and the MC-dropout processor or `dropout=`). A work unit is (init t, encoder draw i):
-an actor encodes once and rolls the N x R members out as one batch (`inference/nested.py`, `actors.py`).
+an actor encodes once and rolls the N x R members out as one batch (`forecast/nested.py`, `actors.py`).
 Outputs in the run directory (`store.py`): forecast.zarr (+ stations.zarr) or moments.zarr, then
 
     variance_maps.zarr   per variable (component, lead_time, ..., latitude, longitude): U_enc, U_drop, [U_route,]
@@ -29,20 +29,21 @@ from typing import Annotated, Any, Literal
 import numpy as np
 
 from wxray.config import InPath, NonNegFloat, NonNegInt, PosFloat, PosInt, Range, RunsDir, Seed
+from wxray.console import say
 from wxray.data.anchors import choose_inits, parse_range, rollout_anchors
 from wxray.data.e2e_windows import E2EReader
 from wxray.data.schema import TIME, open_store, time_step
 from wxray.errors import ConfigError
-from wxray.job import JobConfig, JobContext, say
+from wxray.forecast.chain import inputs_used, load_chain, load_stochastic, station_table
+from wxray.forecast.mlflow_model import local_stages
+from wxray.forecast.nested import Members, Plan, UnitModels
+from wxray.forecast.rollout import routing_varies
+from wxray.forecast.stages import StationSet
+from wxray.job import JobConfig, JobContext
 from wxray.platform.cluster.session import ensure_ray
 from wxray.platform.ensemble.actors import check_fits, fan_out, largest_node_memory
 from wxray.platform.ensemble.report import analyse, summary_line
 from wxray.platform.ensemble.store import EnsembleStore, Layout
-from wxray.platform.inference.chain import inputs_used, load_chain, load_stochastic, station_table
-from wxray.platform.inference.nested import Members, Plan, UnitModels
-from wxray.platform.train.mlflow_model import local_stages
-from wxray.platform.train.rollout import routing_varies
-from wxray.platform.train.stages import StationSet
 from wxray.sizes import check_disk, check_memory
 from wxray.tracking import resolve_uri
 from wxray.verify.lead_scores import truth_like
@@ -89,7 +90,7 @@ class EnsembleConfig(JobConfig):
     members: MembersConfig = field(default_factory=MembersConfig)
     deny: list[str] = field(default_factory=list)  # streams withheld from the encoder (observing-system denial)
     dropout: Annotated[float, Range(-1, 1, hi_open=True)] = -1.0  # inference dropout p; -1 = as finetuned
-    seed: Seed = 0  # every draw from SeedSequence([seed, t, source, i(, j(, k))]) (train/seeds.py)
+    seed: Seed = 0  # every draw from SeedSequence([seed, t, source, i(, j(, k))]) (forecast/seeds.py)
     keep_members: bool = True  # false: only the streamed moments (moments.zarr), no forecast.zarr
     workers: ActorConfig = field(default_factory=ActorConfig)
     ray_address: str = ""  # "" = RAY_ADDRESS under ray job submit, else a local cluster

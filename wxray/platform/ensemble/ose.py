@@ -31,12 +31,13 @@ import numpy as np
 
 from wxray.config import NonNegInt, PosInt, Probability
 from wxray.config_renames import deprecated
+from wxray.console import say
 from wxray.errors import ConfigError, DataError
+from wxray.forecast.chain import inputs_used
 from wxray.io import atomic_path
-from wxray.job import JobContext, say
+from wxray.job import JobContext
 from wxray.platform.ensemble.batch import EnsembleConfig, build_models, run_members
 from wxray.platform.ensemble.report import load_split
-from wxray.platform.inference.chain import inputs_used
 from wxray.verify.denial import MIN_INITS, change_table, components, domain_series, plot_ose
 
 

@@ -44,8 +44,8 @@ from wxray.data.cf import describe
 from wxray.data.schema import INIT, LAT, LEAD, LEVEL, LON
 from wxray.data.windows import WindowSpec
 from wxray.errors import DataError
+from wxray.forecast.nested import Plan
 from wxray.io import atomic_path, write_json
-from wxray.platform.inference.nested import Plan
 from wxray.verify.anova import DROPOUT_DRAW, ENCODER_DRAW, MOMENT, MOMENTS, ROUTING_DRAW, merge_moments
 
 DONE = "units_done.json"

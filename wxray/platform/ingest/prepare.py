@@ -1,6 +1,6 @@
 """`jobs/prepare_data.py` on Ray: a view's statistics tasks (one per variable and level) as Ray tasks.
 
-    main = prepare_data_main      # wxray.data.jobs.prepare_data_main with `ray_map` as its map
+    main = prepare_data_main      # wxray.prepare.stores.prepare_data_main with `ray_map` as its map
 
 A copy (mode=copy) needs no Ray and starts none; a view with more than one field joins the cluster
 (`ray_address`, RAY_ADDRESS under `ray job submit`) or starts a local one, and runs its tasks there, each
@@ -12,11 +12,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from wxray.data.jobs import PrepareDataConfig
-from wxray.data.jobs import prepare_data_main as data_main
 from wxray.errors import DataError, WxrayError
 from wxray.job import JobContext
 from wxray.platform.cluster import session
+from wxray.prepare.stores import PrepareDataConfig
+from wxray.prepare.stores import prepare_data_main as data_main
 
 
 def ray_map(fn: Callable[[dict], Any], jobs: list[dict]) -> Iterator[Any]:

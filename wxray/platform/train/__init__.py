@@ -1,1 +1,1 @@
-"""Training: the one loop and its tasks, the TorchTrainer driver, the training jobs, checkpoints, rollout."""
+"""Training on Ray Train: the one loop and its hooks, the tasks, the TorchTrainer driver, the training jobs."""

@@ -2,7 +2,7 @@
 
 Everything is checked before Ray starts (store, streams, configs, the earlier stages a stage needs). The
 processor stage is the forecaster's job (`sparse.train_sparse`, history 1) so it keeps every feature of
-it; encoder, decoder and chain are `stages.StageTask`s of the same loop (`loop.train_fn_per_worker`).
+it; encoder, decoder and chain are `stage_task.StageTask`s of the same loop (`loop.train_fn_per_worker`).
 """
 
 from __future__ import annotations
@@ -11,8 +11,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from wxray.config import from_dict
-from wxray.config_yaml import load_yaml
+from wxray.console import say
 from wxray.data import location
 from wxray.data.e2e_windows import E2EData, E2EReader, prepare_e2e
 from wxray.data.obs.windows import check_reports
@@ -20,15 +19,17 @@ from wxray.data.schema import TIME
 from wxray.data.window_data import DataConfig
 from wxray.data.windows import open_lazy
 from wxray.errors import CheckpointError, ConfigError, DataError
-from wxray.job import JobContext, say
+from wxray.forecast import checkpoints
+from wxray.forecast.stages import build_stage_model, stage_identity
+from wxray.job import JobContext
 from wxray.models.registry import model_identity
-from wxray.platform.train import checkpoints, trainer
+from wxray.platform.train import trainer
 from wxray.platform.train.config import TrainSparseConfig
 from wxray.platform.train.datasets import build_e2e_datasets
 from wxray.platform.train.sparse import train_sparse
 from wxray.platform.train.stage_config import TrainE2EConfig
 from wxray.platform.train.stage_eval import evaluate_stage
-from wxray.platform.train.stages import StageTask, build_stage_model, stage_identity
+from wxray.platform.train.stage_task import StageTask
 from wxray.platform.train.tasks import Task
 from wxray.provenance import store_fingerprint, stream_fingerprint
 
@@ -42,20 +43,6 @@ def stage_checkpoint(cfg: TrainE2EConfig, stage: str, needed_by: str) -> Path:
         raise CheckpointError(f"stage {needed_by} needs the {stage} stage first: no checkpoint under {d} "
                               f"(run jobs/train_e2e.py stage={stage} run_name={name})")
     return last
-
-
-def trained_stage(stages: Path, name: str) -> tuple[Path, TrainE2EConfig] | None:
-    """(newest checkpoint, training config) of stage `name` under `stages`, None if it never checkpointed."""
-    run = Path(stages) / name
-    last = checkpoints.latest(run / "ray")
-    if last is None:
-        return None
-    if not (run / "config.yaml").is_file():
-        raise CheckpointError(f"stage {run}: config.yaml is missing (it records how the stage was trained)")
-    try:
-        return last, from_dict(TrainE2EConfig, load_yaml(run / "config.yaml"), saved=True)
-    except ConfigError as e:
-        raise CheckpointError(f"stage {run}: its config.yaml does not load here ({e})") from None
 
 
 def processor_config(cfg: TrainE2EConfig) -> TrainSparseConfig:

@@ -1,7 +1,7 @@
 """After training: the final checkpoint rolled out on the test split, written as `forecast.zarr` in the
 forecast convention, scored per lead beside persistence (`verify.lead_scores`), and a truth / forecast /
 error map of the first target at the first lead (`forecast_map_<split>.png`). Loading, rollout, forecast
-store and scores are the forecast job's (`checkpoint_forecast.py`); a rollout stops at one step where a
+store and scores are the forecast job's (`forecast/forecaster.py`); a rollout stops at one step where a
 forecast cannot be the next input (`rollout.possible_steps`, the rule of `check_rollout`).
 
 With `train.routing_members` = M > 1 every init is forecast M times, one routing draw each (rollout.py;
@@ -16,14 +16,15 @@ from typing import Any
 
 import numpy as np
 
+from wxray.console import say
 from wxray.data.anchors import rollout_anchors
 from wxray.data.schema import INIT, LAT, LEAD, LON, TIME, open_store
 from wxray.data.window_data import WindowData
+from wxray.forecast.forecaster import forecast_and_score, load_forecaster
+from wxray.forecast.rollout import possible_steps, routing_varies
 from wxray.io import atomic_path
-from wxray.job import JobContext, say
-from wxray.platform.train.checkpoint_forecast import forecast_and_score, load_forecaster
+from wxray.job import JobContext
 from wxray.platform.train.config import TrainSparseConfig
-from wxray.platform.train.rollout import possible_steps, routing_varies
 
 
 def save_map_png(path: Path, truth: np.ndarray, forecast: np.ndarray, lat: np.ndarray, lon: np.ndarray,

@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 from ray.experimental import internal_kv
 
-from wxray.job import say
+from wxray.console import say
 
 NAMESPACE = "wxray"
 POLL_S = 0.5

@@ -10,12 +10,14 @@ from typing import Any
 
 import torch
 
+from wxray.console import say
 from wxray.data.window_data import WindowData, prepare_windows
 from wxray.data.windows import WindowReader, fit_spec
 from wxray.errors import ConfigError, DataError
-from wxray.job import JobContext, say
+from wxray.forecast import checkpoints, mlflow_model
+from wxray.job import JobContext
 from wxray.models.registry import build_forecaster, model_identity
-from wxray.platform.train import checkpoints, mlflow_model, storage, trainer
+from wxray.platform.train import storage, trainer
 from wxray.platform.train.config import TrainSparseConfig
 from wxray.platform.train.datasets import build_datasets
 from wxray.platform.train.evaluation import evaluate_checkpoint

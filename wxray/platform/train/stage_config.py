@@ -13,42 +13,14 @@ A later stage finds the earlier ones by `run_name`; running a stage again with t
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
 
-from wxray.config import NonNegFloat, NonNegInt, PosFloat, PosInt, RunsDir
+from wxray.config import NonNegFloat, PosFloat, RunsDir
 from wxray.data import location
-from wxray.data.e2e_windows import ObsDataConfig
 from wxray.errors import ConfigError
+from wxray.forecast.stages import STAGES, StageModels
 from wxray.job import JobConfig
-from wxray.models.registry import ModelConfig
 from wxray.platform.cluster.scaling import ScalingCfg
 from wxray.platform.train.config import LoopConfig, OptimConfig
-
-STAGES = ("encoder", "processor", "decoder", "chain")
-Stage = Literal["encoder", "processor", "decoder", "chain"]
-
-
-@dataclass
-class EncoderConfig:
-    hidden: PosInt = 64  # width of the per-pixel MLP between the SetConv embeddings and the ViT
-    latent: NonNegInt = 0  # channels the MLP hands the ViT (its tokenizer's variables); 0 = the state's channels
-    patch_size: PosInt = 4  # pixels per ViT token side (the processor's too: one grid)
-    embed_dim: PosInt = 128  # ViT token width
-    depth: PosInt = 4  # ViT blocks
-    num_heads: PosInt = 4  # attention heads (must divide embed_dim)
-    mlp_ratio: PosFloat = 4.0  # ViT MLP hidden width / embed_dim
-    length_scale_deg: NonNegFloat = 0.0  # initial SetConv length scale (learned per stream); 0 = the grid spacing
-
-    def validate(self) -> None:
-        if self.embed_dim % self.num_heads:
-            raise ConfigError(f"encoder.embed_dim={self.embed_dim} is not divisible by "
-                              f"encoder.num_heads={self.num_heads}")
-
-
-@dataclass
-class DecoderConfig:
-    hidden: PosInt = 64  # width of the grid convolutions and the station MLP
-    length_scale_deg: NonNegFloat = 0.0  # initial grid -> station SetConv length scale; 0 = the grid spacing
 
 
 def check_stages_folder(storage: str, stages: str) -> None:
@@ -65,13 +37,8 @@ def check_stages_folder(storage: str, stages: str) -> None:
 
 
 @dataclass
-class TrainE2EConfig(JobConfig):
-    stage: Stage = "encoder"  # encoder | processor | decoder | chain (see the module docstring)
-    data: ObsDataConfig = field(default_factory=lambda: ObsDataConfig(history=1, lead_steps=1, batch_size=8))
-    encoder: EncoderConfig = field(default_factory=EncoderConfig)
-    processor: ModelConfig = field(default_factory=lambda: ModelConfig(patch_size=4, depth=6, split=(2, 2, 2),
-                                                                       keep_ratio=0.5))
-    decoder: DecoderConfig = field(default_factory=DecoderConfig)
+class TrainE2EConfig(StageModels, JobConfig):
+    # StageModels: stage (see the module docstring), data, encoder, processor, decoder
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: LoopConfig = field(default_factory=lambda: LoopConfig(epochs=10))
     scaling: ScalingCfg = field(default_factory=ScalingCfg)

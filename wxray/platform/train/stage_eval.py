@@ -21,10 +21,11 @@ import torch
 from wxray.data.e2e_windows import E2EData, E2EReader
 from wxray.data.schema import TIME, time_step
 from wxray.data.windows import WindowSpec, open_lazy
+from wxray.forecast import checkpoints
+from wxray.forecast.stages import build_stage_model, decode_stations, stage_identity
+from wxray.forecast.state import next_state, obs_of, physical
 from wxray.models import latitude_weights
-from wxray.platform.train import checkpoints
 from wxray.platform.train.stage_config import TrainE2EConfig
-from wxray.platform.train.stages import build_stage_model, decode_stations, next_state, obs_of, stage_identity
 from wxray.verify.field_plots import plot_field_rows
 from wxray.verify.stations import bilinear_at_points
 
@@ -49,13 +50,6 @@ def batches(data: E2EData, anchors: np.ndarray):
     reader = E2EReader(data.spec, data.obs)
     for i in range(0, len(anchors), EVAL_BATCH):
         yield {k: torch.from_numpy(np.asarray(v)) for k, v in reader({"anchor": anchors[i: i + EVAL_BATCH]}).items()}
-
-
-def physical(spec: WindowSpec, z: torch.Tensor) -> torch.Tensor:
-    """Normalised state (b, V, model grid) -> physical units on the kept grid."""
-    std = torch.as_tensor(spec.in_std)[None, :, None, None]
-    mean = torch.as_tensor(spec.in_mean)[None, :, None, None]
-    return spec.unpad(z.float() * std + mean)
 
 
 class FieldRMSE:

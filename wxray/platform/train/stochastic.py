@@ -26,19 +26,22 @@ import torch.distributed as dist
 from torch import nn
 
 from wxray.config import Fraction, NonNegInt, PosInt, Probability, Range, RunsDir, to_dict
+from wxray.console import say
 from wxray.data.e2e_windows import E2EData, prepare_e2e
 from wxray.errors import CheckpointError, ConfigError
-from wxray.job import JobConfig, JobContext, say
+from wxray.forecast import checkpoints, mlflow_model
+from wxray.forecast.stages import build_encoder, trained_stage
+from wxray.forecast.state import next_state, obs_of, processor_input
+from wxray.job import JobConfig, JobContext
 from wxray.models import StochasticEncoder, fair_crps_loss, set_dropout, split_members, tile_members
 from wxray.models.blocks import uniform
 from wxray.models.registry import build_forecaster
 from wxray.platform.cluster.scaling import ScalingCfg
-from wxray.platform.train import checkpoints, mlflow_model
 from wxray.platform.train.batches import lockstep_batches
 from wxray.platform.train.config import LoopConfig, OptimConfig
-from wxray.platform.train.e2e import fit_stage, trained_stage
+from wxray.platform.train.e2e import fit_stage
 from wxray.platform.train.stage_config import TrainE2EConfig, check_stages_folder
-from wxray.platform.train.stages import StageTask, build_encoder, next_state, obs_of, processor_input
+from wxray.platform.train.stage_task import StageTask
 
 
 @dataclass
@@ -94,7 +97,7 @@ class StochasticRun(TrainE2EConfig):
 def deterministic_config(stages: Path) -> tuple[TrainE2EConfig, str]:
     """The chain's (else the encoder stage's) training config and which stage it is."""
     for name in ("chain", "encoder"):
-        found = trained_stage(stages, name)
+        found = trained_stage(stages, name, TrainE2EConfig)
         if found is not None:
             return found[1], name
     raise CheckpointError(f"stages {stages}: no trained chain or encoder stage to uplift (run jobs/train_e2e.py "

@@ -26,12 +26,12 @@ import torch.distributed as dist
 from torch import nn
 
 from wxray.data.windows import WindowSpec, to_physical
+from wxray.forecast import checkpoints
 from wxray.models import edm_loss, lat_weighted_mse, selector_loss
 from wxray.models.blocks import Block
 from wxray.models.edm_blocks import EDMBlock
 from wxray.models.registry import ModelConfig, SamplerConfig, as_forecaster, build_forecaster
 from wxray.platform.cluster import devices
-from wxray.platform.train import checkpoints
 from wxray.platform.train.batches import lockstep_batches
 
 TRANSFORMER_BLOCKS = (Block, EDMBlock)

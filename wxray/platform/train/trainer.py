@@ -19,14 +19,16 @@ from typing import Any
 from wxray import errors
 from wxray.config import to_dict
 from wxray.errors import CheckpointError, WxrayError
+from wxray.forecast import checkpoints
 from wxray.job import JobContext
 from wxray.platform.cluster import resources, session
-from wxray.platform.train import checkpoints, storage
+from wxray.platform.train import storage
 from wxray.platform.train.datasets import exactly_once_data_config
 from wxray.platform.train.interrupt import StopFlag, graceful_sigint
-from wxray.platform.train.loop import LoopSetup, train_fn_per_worker
+from wxray.platform.train.loop import train_fn_per_worker
 from wxray.platform.train.reporting import ProgressPrinter
 from wxray.platform.train.tasks import Task
+from wxray.platform.train.worker import LoopSetup
 
 
 def check_resume(out_dir: Path, identity: dict[str, Any], storage_root: str = "") -> Path | str | None:

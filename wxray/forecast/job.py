@@ -40,12 +40,12 @@ from wxray.data.schema import TIME, Stats, open_stats, open_store
 from wxray.data.window_data import DataConfig
 from wxray.data.windows import WindowSpec, fit_spec, make_spec
 from wxray.errors import CheckpointError, ConfigError
+from wxray.forecast import checkpoints, mlflow_model
+from wxray.forecast.forecaster import forecast_and_score, load_forecaster
+from wxray.forecast.rollout import check_rollout, routing_varies
 from wxray.job import JobConfig, JobContext, recorded_path
 from wxray.models.compiled import CompileMode, compile_forecaster
 from wxray.models.registry import ModelConfig, SamplerConfig, channel_signature
-from wxray.platform.train import checkpoints, mlflow_model
-from wxray.platform.train.checkpoint_forecast import forecast_and_score, load_forecaster
-from wxray.platform.train.rollout import check_rollout, routing_varies
 from wxray.provenance import store_fingerprint
 from wxray.tracking import resolve_uri
 

@@ -30,10 +30,10 @@ from tqdm.auto import tqdm
 from wxray.data.cf import describe
 from wxray.data.schema import INIT, LAT, LEAD, LEVEL, LON, MEMBER, TIME, time_step
 from wxray.data.windows import WindowReader, WindowSpec, open_lazy, per_channel, to_physical
+from wxray.forecast.seeds import coordinate_generator
 from wxray.io import atomic_path
 from wxray.models import RandomSelector, RowGenerators, TokenSelector
 from wxray.models.batch_invariance import batch_invariant
-from wxray.platform.train.seeds import coordinate_generator
 
 
 class PerSampleSelector(TokenSelector):

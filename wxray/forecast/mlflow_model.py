@@ -36,7 +36,7 @@ from wxray import __version__
 from wxray.config import MODEL_URIS
 from wxray.data import location
 from wxray.errors import CheckpointError
-from wxray.platform.train import checkpoints
+from wxray.forecast import checkpoints
 from wxray.tracking import redact_uri
 
 FLAVOR = "wxray"

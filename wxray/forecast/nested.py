@@ -35,10 +35,10 @@ import xarray as xr
 from wxray.config import PosInt
 from wxray.data.schema import INIT, LEAD, MEMBER
 from wxray.data.windows import WindowSpec
+from wxray.forecast.seeds import DROPOUT, ENCODER, ROUTING, coordinate_seed
+from wxray.forecast.stages import StationSet
+from wxray.forecast.state import next_state, obs_of, physical, processor_input
 from wxray.models import RowGenerators, mc_dropout, tile_members
-from wxray.platform.train.seeds import DROPOUT, ENCODER, ROUTING, coordinate_seed
-from wxray.platform.train.stage_eval import physical
-from wxray.platform.train.stages import StationSet, next_state, obs_of, processor_input
 from wxray.verify.anova import DROPOUT_DRAW, ENCODER_DRAW, MOMENT, ROUTING_DRAW, group_moments
 
 

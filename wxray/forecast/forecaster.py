@@ -25,9 +25,9 @@ from wxray.data.anchors import rollout_anchors
 from wxray.data.schema import INIT, TIME, open_climatology
 from wxray.data.windows import WindowSpec
 from wxray.errors import ConfigError
+from wxray.forecast import checkpoints
+from wxray.forecast.rollout import rollout, to_forecast_dataset, write_forecast
 from wxray.models.registry import ModelConfig, SamplerConfig, as_forecaster, build_forecaster, model_identity
-from wxray.platform.train import checkpoints
-from wxray.platform.train.rollout import rollout, to_forecast_dataset, write_forecast
 from wxray.verify.lead_scores import log_report, rollout_report
 
 

@@ -28,21 +28,22 @@ import pandas as pd
 import torch
 
 from wxray.config import InPath, PosInt, Range, RunsDir, Seed
+from wxray.console import say
 from wxray.data.anchors import choose_inits, parse_range, rollout_anchors
 from wxray.data.e2e_windows import E2EData, E2EReader
 from wxray.data.schema import INIT, LEAD, TIME, open_climatology, open_store
+from wxray.forecast.chain import inputs_used, load_chain, load_stochastic, station_table
+from wxray.forecast.job import resolve_device
+from wxray.forecast.mlflow_model import local_stages
+from wxray.forecast.nested import Members, Plan, UnitModels, nested_members, run_units
+from wxray.forecast.rollout import to_forecast_dataset, write_forecast
+from wxray.forecast.seeds import ROUTING, coordinate_seed
+from wxray.forecast.stages import StationSet
+from wxray.forecast.state import next_state, obs_of, physical, processor_input
 from wxray.io import atomic_path
-from wxray.job import JobConfig, JobContext, say
+from wxray.job import JobConfig, JobContext
 from wxray.models import RowGenerators
 from wxray.models.batch_invariance import batch_invariant
-from wxray.platform.inference.chain import inputs_used, load_chain, load_stochastic, station_table
-from wxray.platform.inference.forecast import resolve_device
-from wxray.platform.inference.nested import Members, Plan, UnitModels, nested_members, run_units
-from wxray.platform.train.mlflow_model import local_stages
-from wxray.platform.train.rollout import to_forecast_dataset, write_forecast
-from wxray.platform.train.seeds import ROUTING, coordinate_seed
-from wxray.platform.train.stage_eval import physical
-from wxray.platform.train.stages import StationSet, next_state, obs_of, processor_input
 from wxray.tracking import resolve_uri
 from wxray.verify.lead_scores import log_report, rollout_report
 from wxray.verify.stations import station_report

@@ -13,17 +13,16 @@ import pandas as pd
 import torch
 
 from wxray.config_yaml import load_yaml
+from wxray.console import say
 from wxray.data.e2e_windows import E2EData, prepare_e2e
 from wxray.data.obs.points import open_point_dataset
 from wxray.errors import CheckpointError, ConfigError
-from wxray.job import recorded_path, say
+from wxray.forecast import checkpoints
+from wxray.forecast.forecaster import load_forecaster
+from wxray.forecast.stages import StageModels, build_decoder, build_encoder, stage_identity, trained_stage
+from wxray.job import recorded_path
 from wxray.models import StochasticEncoder
 from wxray.models.registry import build_forecaster
-from wxray.platform.train import checkpoints
-from wxray.platform.train.checkpoint_forecast import load_forecaster
-from wxray.platform.train.e2e import trained_stage
-from wxray.platform.train.stage_config import TrainE2EConfig
-from wxray.platform.train.stages import build_decoder, build_encoder, stage_identity
 
 
 def inputs_used(cfg, data: E2EData) -> dict[str, str]:
@@ -34,7 +33,7 @@ def inputs_used(cfg, data: E2EData) -> dict[str, str]:
 
 
 def load_chain(stages: str | Path, store: str = "", obs_dir: str = "", deny: Sequence[str] = ()
-               ) -> tuple[TrainE2EConfig, E2EData, torch.nn.Module, torch.nn.Module, torch.nn.Module | None,
+               ) -> tuple[StageModels, E2EData, torch.nn.Module, torch.nn.Module, torch.nn.Module | None,
                           dict[str, str]]:
     """The training config, the data (store and streams overridable), encoder, processor and decoder."""
     stages = Path(stages)
@@ -95,7 +94,7 @@ def _last_lead(run: Path) -> Path | None:
     return checkpoints.latest(leads[-1] / "ray") if leads else None
 
 
-def load_stochastic(stages: Path, tcfg: TrainE2EConfig, data: E2EData, members_m: int, members_n: int,
+def load_stochastic(stages: Path, tcfg: StageModels, data: E2EData, members_m: int, members_n: int,
                     dropout: float, keys: tuple[str, str] = ("members.M", "members.N")
                     ) -> tuple[StochasticEncoder, torch.nn.Module, float, dict[str, str]]:
     """The stochastic encoder and the (MC-dropout) processor, and the dropout rate used. `keys`: the config

@@ -1,1 +1,0 @@
-"""Forecasts from trained checkpoints: the forecast jobs, the chain loaded, the one nested-ensemble engine."""
