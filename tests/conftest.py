@@ -99,10 +99,19 @@ def small_obs(small_store, tmp_path_factory):
     return make_sample_obs(small_store, out, seed=0)
 
 
+@pytest.fixture
+def tiny_store(tmp_path):
+    """A tiny store of travelling waves (8 x 16, two levels, a land-sea mask) and its dataset."""
+    from tests.tiny_store import write_tiny_store
+
+    path = tmp_path / "tiny.zarr"
+    return path, write_tiny_store(path)
+
+
 @pytest.fixture(scope="session")
 def wave_store(tmp_path_factory):
     """Learnable travelling waves on an 8x16 grid, one level: the training and sweep tests' store."""
-    from tests.platform.conftest import write_tiny_store
+    from tests.tiny_store import write_tiny_store
 
     path = tmp_path_factory.mktemp("store") / "waves.zarr"
     write_tiny_store(path, n_traj=4, steps=20, grid=(8, 16), levels=(500,))

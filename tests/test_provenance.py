@@ -12,7 +12,7 @@ import numpy as np
 import xarray as xr
 import zarr
 
-from tests.platform.conftest import write_tiny_store
+from tests.tiny_store import write_tiny_store
 from wxray import provenance
 
 

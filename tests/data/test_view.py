@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import xarray as xr
 
-from tests.platform.conftest import write_tiny_store
+from tests.tiny_store import write_tiny_store
 from wxray.data import location, view
 from wxray.data.schema import open_stats, open_store
 from wxray.data.stats import compute_stats

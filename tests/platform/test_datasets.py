@@ -40,7 +40,7 @@ def test_two_workers_see_every_window_and_observation_exactly_once_per_epoch(ray
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
-    from tests.platform.conftest import write_tiny_store
+    from tests.tiny_store import write_tiny_store
 
     path = tmp_path / "odd.zarr"
     write_tiny_store(path, n_traj=3, steps=11)

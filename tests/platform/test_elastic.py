@@ -25,7 +25,7 @@ from pathlib import Path
 t0 = time.monotonic()
 import ray
 from ray.cluster_utils import Cluster
-from tests.platform.conftest import write_tiny_store
+from tests.tiny_store import write_tiny_store
 from wxray.job import run_job
 from wxray.platform.train.config import TrainSparseConfig
 from wxray.platform.train.sparse import train_sparse

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tests.fixture_files import ERAINT
-from tests.platform.conftest import write_tiny_store
+from tests.tiny_store import write_tiny_store
 from wxray.data.gridfit import fit_grid
 from wxray.data.schema import open_stats, open_store
 from wxray.data.windows import WindowConfig, WindowReader, fit_spec, make_spec

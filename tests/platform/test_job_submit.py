@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import free_port
-from tests.platform.conftest import write_tiny_store
+from tests.tiny_store import write_tiny_store
 from wxray.platform.cluster import head
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.platform.conftest import write_tiny_store
+from tests.tiny_store import write_tiny_store
 from wxray.config import load_config
 from wxray.job import run_job
 from wxray.platform.train.config import TrainSparseConfig

@@ -15,7 +15,7 @@ import mlflow
 import pytest
 import torch
 
-from tests.platform.conftest import write_tiny_store
+from tests.tiny_store import write_tiny_store
 from wxray.job import run_job
 from wxray.platform.train.config import TrainSparseConfig
 from wxray.platform.train.sparse import train_sparse

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import xarray as xr
 
-from tests.platform.conftest import write_tiny_store
+from tests.tiny_store import write_tiny_store
 from wxray.data.anchors import split_anchors, valid_anchors
 from wxray.data.schema import open_stats, open_store
 from wxray.data.windows import WindowConfig, WindowReader, make_spec, to_physical
@@ -21,7 +21,7 @@ def test_valid_anchors_never_straddle_trajectories(tiny_store):
 
 
 def test_gap_in_time_breaks_windows(tmp_path):
-    from tests.platform.conftest import write_tiny_store
+    from tests.tiny_store import write_tiny_store
 
     ds = write_tiny_store(tmp_path / "a.zarr", n_traj=1, steps=10)
     gappy = ds.drop_vars("trajectory").isel(time=[0, 1, 2, 3, 5, 6, 7, 8, 9])

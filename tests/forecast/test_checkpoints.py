@@ -5,11 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from ray.train import Checkpoint
 
 from wxray.errors import CheckpointError
 from wxray.forecast import checkpoints
-from wxray.platform.train.resume import newest_checkpoint
 
 
 def test_resume_epoch_counts_epochs_completed_in_both_formats():
@@ -73,38 +71,6 @@ def test_every_torch_load_is_weights_only_and_nothing_unpickles():
     assert restores and all(name == "sweep.py" and "str(tune_dir)" in line for name, line in restores), restores
     sweep = (root / "wxray" / "tune" / "sweep.py").read_text()
     assert 'tune_dir = sweep_dir / "tune"' in sweep and "sweep_dir = Path(ctx.out_dir).resolve()" in sweep
-
-
-def test_a_resume_takes_the_newest_of_rays_checkpoint_and_the_runs_storage(tmp_path):
-    """After a hard abort Ray Train's checkpoint manager may know only an older checkpoint than the newest in the
-    run's storage: the loop resumes from whichever has the later step."""
-    old = checkpoints.save(tmp_path / "checkpoint_a", {}, {"epoch": 1, "step": 4})
-    new = checkpoints.save(tmp_path / "checkpoint_b", {}, {"epoch": 2, "step": 8})
-    with newest_checkpoint(Checkpoint.from_directory(str(old)), str(new)) as d:
-        assert d == new
-    with newest_checkpoint(Checkpoint.from_directory(str(new)), str(old)) as d:
-        assert Path(d) == new
-    with newest_checkpoint(Checkpoint.from_directory(str(old)), str(tmp_path / "elsewhere")) as d:
-        assert Path(d) == old  # a path this node cannot see: Ray's
-    with newest_checkpoint(None, "") as d:
-        assert d is None
-
-
-def test_a_checkpoint_in_a_bucket_is_copied_for_each_worker_alone(s3_server, tmp_path):
-    """Ray's as_directory() hands a node's workers one shared /tmp folder, emptied by the first to finish; a
-    worker restarted later then read an empty folder. Each worker's resume copy is its own."""
-    from wxray.data import location
-
-    fs, _ = location.filesystem("s3://resume")
-    fs.mkdir("resume")
-    fs.put(str(checkpoints.save(tmp_path / "ckpt", {}, {"epoch": 1, "step": 4})), "resume/ckpt", recursive=True)
-    arrow, path = location.arrow_filesystem("s3://resume/ckpt")
-    ckpt = Checkpoint(path, filesystem=arrow)
-    with newest_checkpoint(ckpt, "") as a:
-        with newest_checkpoint(ckpt, "") as b:
-            assert Path(a) != Path(b) and checkpoints.read_meta(b)["step"] == 4
-        assert checkpoints.read_meta(a)["step"] == 4  # the other's copy gone, this one whole
-    assert not Path(a).exists()
 
 
 def test_prune_keeps_the_checkpoints_with_the_latest_steps(tmp_path):

@@ -10,7 +10,7 @@ import pytest
 import torch
 import xarray as xr
 
-from tests.platform.forecast_helpers import (
+from tests.forecast.forecast_helpers import (
     TRAJECTORY_1,
     anchors_of,
     configs,

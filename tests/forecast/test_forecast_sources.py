@@ -14,8 +14,7 @@ import pytest
 import xarray as xr
 import yaml
 
-from tests.platform.conftest import write_tiny_store
-from tests.platform.forecast_helpers import (
+from tests.forecast.forecast_helpers import (
     TRAJECTORY_1,
     anchors_of,
     configs,
@@ -23,6 +22,7 @@ from tests.platform.forecast_helpers import (
     save_checkpoint,
     write_forecast_store,
 )
+from tests.tiny_store import write_tiny_store
 from wxray.config_yaml import load_yaml
 from wxray.data import location
 from wxray.data.schema import open_stats, open_store

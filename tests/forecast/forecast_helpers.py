@@ -7,7 +7,7 @@ import json
 import numpy as np
 import torch
 
-from tests.platform.conftest import write_tiny_store
+from tests.tiny_store import write_tiny_store
 from wxray.config import to_dict
 from wxray.data.schema import open_stats, open_store
 from wxray.data.window_data import DataConfig

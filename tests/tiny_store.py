@@ -1,10 +1,10 @@
-"""A tiny store written directly with xarray (independent of wxray.data's writer)."""
+"""A tiny store written directly with xarray (independent of wxray.data's writer): the training, forecast and
+sweep tests' learnable travelling waves."""
 
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-import pytest
 import xarray as xr
 
 VARS = ("geopotential", "temperature")
@@ -45,10 +45,3 @@ def write_tiny_store(path, n_traj=3, steps=12, grid=(8, 16), levels=(500, 850), 
         s.drop_vars("trajectory", errors="ignore").to_zarr(path, group=f"stats/{name}", zarr_format=3,
                                                            consolidated=False, mode="w")
     return ds
-
-
-@pytest.fixture
-def tiny_store(tmp_path):
-    path = tmp_path / "tiny.zarr"
-    ds = write_tiny_store(path)
-    return path, ds
