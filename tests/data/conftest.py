@@ -7,8 +7,8 @@ from types import SimpleNamespace
 import pytest
 
 from tests.data.data_helpers import JobRun
-from wxray.data import jobs
 from wxray.job import run_job
+from wxray.prepare import stores as jobs
 
 
 @pytest.fixture(scope="session")
