@@ -9,8 +9,10 @@ import pandas as pd
 import xarray as xr
 
 from wxray.data.obs.gridded import write_gridded
+from wxray.data.obs.kinds.gridded import GRIDDED
+from wxray.data.obs.kinds.point import POINT, POINTS_PATH
 from wxray.data.obs.points import max_per_step, point_stats, report_times, to_table, write_point_stream
-from wxray.data.obs.registry import GRIDDED, POINT, POINTS_PATH, Registry, StreamInfo, write_registry
+from wxray.data.obs.registry import Registry, StreamInfo, write_registry
 from wxray.data.stats import add_stats
 from wxray.data.writer import StoreWriter
 

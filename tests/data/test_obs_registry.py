@@ -8,7 +8,8 @@ import yaml
 
 from tests.data.obs_helpers import point_stream, write_obs_dir
 from wxray.data.obs import make_obs_spec, open_registry
-from wxray.data.obs.registry import GRIDDED, REGISTRY, StreamInfo
+from wxray.data.obs.kinds.gridded import GRIDDED
+from wxray.data.obs.registry import REGISTRY, StreamInfo
 from wxray.errors import ConfigError, DataError
 
 ROWS = [{"time": "2000-01-01T06", "station": "A", "latitude": 10.0, "longitude": 20.0, "t": 280.0, "p": 1e5},

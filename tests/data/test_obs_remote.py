@@ -22,7 +22,10 @@ from tests.verify.conftest import run_evaluate
 from wxray.data import location
 from wxray.data.e2e_windows import E2EReader, ObsDataConfig, prepare_e2e
 from wxray.data.obs import ObsWindowReader, make_obs_spec, open_registry
-from wxray.data.obs.registry import GRIDDED, POINT, write_registry
+from wxray.data.obs.kinds import kind_of
+from wxray.data.obs.kinds.gridded import GRIDDED
+from wxray.data.obs.kinds.point import POINT
+from wxray.data.obs.registry import write_registry
 from wxray.data.obs.windows import count_reports
 from wxray.errors import ConfigError, DataError
 from wxray.forecast.chain import station_table
@@ -62,7 +65,7 @@ def test_the_registry_at_a_url_is_the_one_on_disk(remote_obs):
     for name in a.names:
         _same_stream(a.streams[name], b.streams[name])
     st = b.streams["stations"]
-    assert st.data_path(url) == f"{url}/points/stream=stations"
+    assert kind_of(st).data_path(st, url) == f"{url}/points/stream=stations"
     assert make_obs_spec(url, STEP).obs_dir == url
 
 

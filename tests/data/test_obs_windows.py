@@ -10,7 +10,8 @@ import pytest
 
 from tests.data.obs_helpers import STEP, T0, point_stream, write_obs_dir
 from wxray.data.obs import ObsWindowReader, make_obs_spec, open_registry
-from wxray.data.obs.registry import GRIDDED, StreamInfo
+from wxray.data.obs.kinds.gridded import GRIDDED
+from wxray.data.obs.registry import StreamInfo
 from wxray.errors import DataError
 
 H = np.timedelta64(1, "h")
@@ -122,7 +123,7 @@ def test_reader_pickles_unopened_and_days_outside_the_batch_are_not_read(obs_dir
     reader = ObsWindowReader(spec)
     first = reader(np.array([T0]))
     again = pickle.loads(pickle.dumps(reader))
-    assert not again._points and not again._grids
+    assert reader._readers and not again._readers
     # corrupt the last day's file: a batch within the first day must not open it (partition pruning)
     last = sorted((copy / "points" / "stream=st").glob("day=*"))[-1]
     assert last.name == "day=2000-01-01"

@@ -11,9 +11,9 @@ LON = torch.arange(W) * 360.0 / W
 SWATH_LAT, SWATH_LON = torch.arange(-87.0, 90.0, 6.0), torch.arange(0.0, 360.0, 6.0)
 
 STREAMS = [
-    StreamInput("stations", "point", 3),
-    StreamInput("ships", "point", 2),
-    StreamInput("swath", "gridded", 1, tuple(SWATH_LAT.tolist()), tuple(SWATH_LON.tolist())),
+    StreamInput("stations", "points_to_grid", 3),
+    StreamInput("ships", "points_to_grid", 2),
+    StreamInput("swath", "grid_to_grid", 1, tuple(SWATH_LAT.tolist()), tuple(SWATH_LON.tolist())),
 ]
 
 
@@ -123,10 +123,10 @@ def test_bad_deny_static_and_stream_definitions_raise():
         enc.embed(obs, deny=["radar"])
     with pytest.raises(ValueError, match="static"):
         enc(obs, torch.zeros(2, 3, H, W))
-    with pytest.raises(ValueError, match="kind"):
+    with pytest.raises(ValueError, match="embedding must be one of"):
         StreamInput("x", "swath", 1)
     with pytest.raises(ValueError, match="latitude and longitude"):
-        StreamInput("x", "gridded", 1)
+        StreamInput("x", "grid_to_grid", 1)
     with pytest.raises(ValueError, match="unique"):
         ObsEncoder([STREAMS[0], STREAMS[0]], LAT, LON, 0, 1)
 

@@ -32,7 +32,7 @@ from wxray.models import (
 H, W = 8, 16
 LAT = torch.linspace(-78.75, 78.75, H)
 LON = torch.arange(W) * 360.0 / W
-STREAMS = [StreamInput("stations", "point", 2)]
+STREAMS = [StreamInput("stations", "points_to_grid", 2)]
 
 
 def make_encoder(dropout=0.0):

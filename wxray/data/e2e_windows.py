@@ -31,8 +31,9 @@ import xarray as xr
 from wxray.config import InPath, NonNegInt, PosInt
 from wxray.console import say
 from wxray.data import location
-from wxray.data.obs.points import ALTITUDE, open_point_dataset
-from wxray.data.obs.registry import REGISTRY, ObsSpec, make_obs_spec
+from wxray.data.obs.kinds import kind_of, station_kinds
+from wxray.data.obs.points import ALTITUDE
+from wxray.data.obs.registry import REGISTRY, ObsSpec, StreamInfo, make_obs_spec
 from wxray.data.obs.sample import make_sample_obs
 from wxray.data.obs.windows import ObsWindowReader
 from wxray.data.schema import LAT, LEVEL, LON, TIME, open_climatology, time_step
@@ -112,16 +113,18 @@ def prepare_e2e(cfg: ObsDataConfig, patch_size: int) -> E2EData:
         if v not in station.variables:
             raise ConfigError(f"data.station_variables names '{v}', not a variable of stream "
                               f"'{station.name}' ({', '.join(station.variables)})")
-    has_alt = ALTITUDE in open_point_dataset(station.data_path(obs.obs_dir)).schema.names
+    has_alt = ALTITUDE in kind_of(station).keys(station, obs.obs_dir)
     return E2EData(windows=windows, obs=obs, station_stream=station.name, station_variables=variables,
                    station_altitude=has_alt)
 
 
-def station_info(obs: ObsSpec, name: str, key: str):
+def station_info(obs: ObsSpec, name: str, key: str) -> StreamInfo:
+    """Stream `name` of `obs`, which must be of a kind holding station reports (config key `key`)."""
     for s in obs.streams:
         if s.name == name:
-            if s.kind != "point":
-                raise ConfigError(f"{key}={name} is a {s.kind} stream; stations need a point stream")
+            if not kind_of(s).stations:
+                raise ConfigError(f"{key}={name} is a {s.kind} stream; stations need a "
+                                  f"{' or '.join(station_kinds())} stream")
             return s
     raise ConfigError(f"{key}={name} is not a stream the encoder reads ({', '.join(s.name for s in obs.streams)})")
 

@@ -15,6 +15,7 @@ import torch
 from wxray.config_yaml import load_yaml
 from wxray.console import say
 from wxray.data.e2e_windows import E2EData, prepare_e2e
+from wxray.data.obs.kinds import kind_of
 from wxray.data.obs.points import open_point_dataset
 from wxray.errors import CheckpointError, ConfigError
 from wxray.forecast import checkpoints
@@ -129,5 +130,5 @@ def station_table(data: E2EData) -> pd.DataFrame:
     path or a URL)."""
     s = next(s for s in data.obs.streams if s.name == data.station_stream)
     columns = ["station", "latitude", "longitude"] + (["altitude"] if data.station_altitude else [])
-    t = open_point_dataset(s.data_path(data.obs.obs_dir)).to_table(columns=columns).to_pandas()
+    t = open_point_dataset(kind_of(s).data_path(s, data.obs.obs_dir)).to_table(columns=columns).to_pandas()
     return t.drop_duplicates("station", keep="last").sort_values("station").reset_index(drop=True)

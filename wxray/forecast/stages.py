@@ -22,6 +22,7 @@ from torch import nn
 from wxray.config import from_dict, to_dict
 from wxray.config_yaml import load_yaml
 from wxray.data.e2e_windows import E2EData, ObsDataConfig
+from wxray.data.obs.kinds import kind_of
 from wxray.data.windows import WindowSpec
 from wxray.errors import CheckpointError, ConfigError
 from wxray.forecast import checkpoints
@@ -66,12 +67,8 @@ def trained_stage(stages: Path, name: str, cls: type[C] = StageModels) -> tuple[
 
 
 def stream_inputs(data: E2EData) -> list[StreamInput]:
-    out = []
-    for s in data.obs.streams:
-        grid = {} if s.kind == "point" else {"latitude": tuple(map(float, s.latitude)),
-                                             "longitude": tuple(map(float, s.longitude))}
-        out.append(StreamInput(name=s.name, kind=s.kind, n_channels=len(s.channels), **grid))
-    return out
+    """The encoder's view of every stream: the embedding its kind names, its channels [and its own grid]."""
+    return [StreamInput(name=s.name, **kind_of(s).encoder_input(s)) for s in data.obs.streams]
 
 
 def build_encoder(cfg: StageModels, data: E2EData) -> ObsEncoder:

@@ -21,7 +21,7 @@ from wxray.models.backbone import (
     sincos_pos_embed_2d,
 )
 from wxray.models.blocks import MLP, Attention, Block, Dropout, DropPath, RowGenerators, enable_mc_dropout
-from wxray.models.e2e import DecoderConfig, EncoderConfig, ObsEncoder, StationDecoder, StreamInput
+from wxray.models.e2e import DecoderConfig, EncoderConfig, ObsEncoder, StationDecoder
 from wxray.models.edm import (
     ConditionTokenizer,
     HeldRandomSelector,
@@ -33,6 +33,7 @@ from wxray.models.edm import (
 )
 from wxray.models.edm_blocks import CrossAttention, EDMBlock, NoiseEmbedding
 from wxray.models.edm_sampler import SAMPLERS, EDMForecaster, karras_sigmas, sample_heun, sample_stochastic
+from wxray.models.embeddings import EMBEDDINGS, Embedding, StreamInput
 from wxray.models.film import FiLMConditioning, FiLMLayerNorm, condition_layernorms
 from wxray.models.losses import (
     fair_crps,
@@ -80,6 +81,7 @@ from wxray.models.stochastic import (
 )
 
 __all__ = [
+    "EMBEDDINGS",
     "GENERATIVE_MODEL_NAMES",
     "MLP",
     "MODELS",
@@ -101,6 +103,7 @@ __all__ = [
     "Dropout",
     "EDMBlock",
     "EDMForecaster",
+    "Embedding",
     "FiLMConditioning",
     "FiLMLayerNorm",
     "GradientSelector",

@@ -14,9 +14,10 @@ Decoder, state -> station values:
     g    = ConvNet(state)                 (circular padding in longitude when periodic)
     y_p  = MLP(concat(SetConv_{grid->points}([g, state])(p), sin/cos(lat_p, lon_p), features_p))
 
-Batch keys (the data layer's window reader, as torch tensors): point stream s: obs.{s}.coords (b, N, 2),
-obs.{s}.values / obs.{s}.mask (b, N, C), optional obs.{s}.id (b, N); gridded stream s on its own grid:
-obs.{s}.values / obs.{s}.mask (b, C, hs, ws).
+Batch keys (the data layer's window reader, as torch tensors) per stream: those of the stream's embedding
+(`embeddings.py`: points_to_grid reads obs.{s}.coords (b, N, 2), obs.{s}.values / obs.{s}.mask (b, N, C);
+grid_to_grid obs.{s}.values / obs.{s}.mask (b, C, hs, ws) on the stream's own grid). SetConv_s is
+`setconvs[i]` for the i-th stream whatever its embedding, so checkpoints name it alike.
 """
 
 from __future__ import annotations
@@ -31,42 +32,9 @@ from torch import Tensor
 
 from wxray.config import NonNegFloat, NonNegInt, PosFloat, PosInt
 from wxray.errors import ConfigError
+from wxray.models.embeddings import EMBEDDINGS, StreamInput, grid_axis
 from wxray.models.reslim import ResSlimViT
 from wxray.models.setconv import ArrayLike, SetConv, grid_spacing_deg
-
-KINDS = ("point", "gridded")
-# batch keys per stream kind: (required, optional)
-KEYS = {"point": (("coords", "values", "mask"), ("id", "altitude")), "gridded": (("values", "mask"), ())}
-
-
-@dataclass
-class StreamInput:
-    """What the encoder needs to know of a stream: its name, kind, channel count and (gridded) its own grid."""
-
-    name: str
-    kind: str
-    n_channels: int
-    latitude: tuple[float, ...] = ()
-    longitude: tuple[float, ...] = ()
-
-    def __post_init__(self) -> None:
-        if not self.name or "." in self.name:
-            raise ValueError(f"stream name {self.name!r} must be non-empty and contain no '.'")
-        if self.kind not in KINDS:
-            raise ValueError(f"stream {self.name!r}: kind must be one of {KINDS}, got {self.kind!r}")
-        if self.n_channels < 1:
-            raise ValueError(f"stream {self.name!r}: n_channels must be >= 1, got {self.n_channels}")
-        self.latitude = tuple(float(x) for x in self.latitude)
-        self.longitude = tuple(float(x) for x in self.longitude)
-        if self.kind == "gridded" and not (self.latitude and self.longitude):
-            raise ValueError(f"gridded stream {self.name!r} needs its own latitude and longitude")
-
-
-def _grid_buffer(values: ArrayLike, what: str) -> Tensor:
-    t = torch.as_tensor(values, dtype=torch.float32).flatten().clone()
-    if t.numel() == 0 or not torch.isfinite(t).all():
-        raise ValueError(f"{what} must be a non-empty sequence of finite degrees")
-    return t
 
 
 @dataclass
@@ -120,16 +88,16 @@ class ObsEncoder(nn.Module):
             raise ValueError(f"need n_static >= 0, n_out >= 1, hidden >= 1; got {n_static}, {n_out}, {hidden}")
         self.streams = list(streams)
         self.n_static, self.n_out = n_static, n_out
-        self.register_buffer("latitude", _grid_buffer(latitude, "latitude"), persistent=False)
-        self.register_buffer("longitude", _grid_buffer(longitude, "longitude"), persistent=False)
+        self.register_buffer("latitude", grid_axis(latitude, "latitude"), persistent=False)
+        self.register_buffer("longitude", grid_axis(longitude, "longitude"), persistent=False)
         self.img_size = (self.latitude.numel(), self.longitude.numel())
         ls = length_scale_deg if length_scale_deg is not None else grid_spacing_deg(self.latitude, self.longitude)
         # a ModuleList, not a ModuleDict: stream names such as "keys" or "update" would clash with its methods
         self.setconvs = nn.ModuleList(SetConv(ls, periodic=periodic_longitude) for _ in streams)
-        for i, s in enumerate(streams):
-            if s.kind == "gridded":
-                self.register_buffer(f"src_lat_{i}", _grid_buffer(s.latitude, f"{s.name} latitude"), persistent=False)
-                self.register_buffer(f"src_lon_{i}", _grid_buffer(s.longitude, f"{s.name} longitude"), persistent=False)
+        for i, s in enumerate(streams):  # an embedding's constants, e.g. a stream's own grid: buffers f"{c}_{i}"
+            emb = EMBEDDINGS[s.embedding]
+            for c, t in zip(emb.constants, emb.constant_values(s), strict=True):
+                self.register_buffer(f"{c}_{i}", t, persistent=False)
         offsets = [0]
         for s in streams:
             offsets.append(offsets[-1] + 2 * s.n_channels)
@@ -157,33 +125,20 @@ class ObsEncoder(nn.Module):
             self.stream_channels(name)  # raises on an unknown name
         expected = set()
         for s in self.streams:
-            required, optional = KEYS[s.kind]
-            for part in required:
+            emb = EMBEDDINGS[s.embedding]
+            for part in emb.required:
                 if f"obs.{s.name}.{part}" not in obs:
-                    raise ValueError(f"missing observation key obs.{s.name}.{part} ({s.kind} stream {s.name!r})")
-            expected.update(f"obs.{s.name}.{part}" for part in required + optional)
+                    raise ValueError(f"missing observation key obs.{s.name}.{part} (stream {s.name!r}, embedded "
+                                     f"{s.embedding})")
+            expected.update(f"obs.{s.name}.{part}" for part in emb.required + emb.optional)
         for key in obs:
             if key.startswith("obs.") and key not in expected:
                 raise ValueError(f"unknown observation key {key}; the encoder's streams are {', '.join(self._slices)}")
 
     def _embed_stream(self, i: int, s: StreamInput, obs: Mapping[str, Tensor]) -> Tensor:
-        values, mask = obs[f"obs.{s.name}.values"], obs[f"obs.{s.name}.mask"]
-        h, w = self.img_size
-        if s.kind == "point":
-            coords = obs[f"obs.{s.name}.coords"]
-            if values.ndim != 3 or values.shape[-1] != s.n_channels or coords.shape[:2] != values.shape[:2]:
-                raise ValueError(
-                    f"obs.{s.name}.values must be (b, N, {s.n_channels}) matching obs.{s.name}.coords (b, N, 2); "
-                    f"got {tuple(values.shape)} and {tuple(coords.shape)}"
-                )
-            return self.setconvs[i].points_to_grid(coords, values, mask, self.latitude, self.longitude)
-        src = (getattr(self, f"src_lat_{i}"), getattr(self, f"src_lon_{i}"))
-        if values.ndim != 4 or tuple(values.shape[1:]) != (s.n_channels, src[0].numel(), src[1].numel()):
-            raise ValueError(
-                f"obs.{s.name}.values must be (b, {s.n_channels}, {src[0].numel()}, {src[1].numel()}), "
-                f"got {tuple(values.shape)}"
-            )
-        return self.setconvs[i].grid_to_grid(values, mask, *src, self.latitude, self.longitude)
+        emb = EMBEDDINGS[s.embedding]
+        constants = [getattr(self, f"{c}_{i}") for c in emb.constants]
+        return emb(self.setconvs[i], s, obs, constants, self.latitude, self.longitude)
 
     def embed(self, obs: Mapping[str, Tensor], deny: Sequence[str] = (), keep: Tensor | None = None) -> Tensor:
         """Per-stream SetConv embeddings in stream order, (b, n_embed, h, w); denied streams exactly 0.
@@ -274,8 +229,8 @@ class StationDecoder(nn.Module):
                 f"need n_state, n_out, hidden >= 1 and n_features >= 0; got {n_state}, {n_out}, {hidden}, {n_features}"
             )
         self.n_state, self.n_out, self.n_features = n_state, n_out, n_features
-        self.register_buffer("latitude", _grid_buffer(latitude, "latitude"), persistent=False)
-        self.register_buffer("longitude", _grid_buffer(longitude, "longitude"), persistent=False)
+        self.register_buffer("latitude", grid_axis(latitude, "latitude"), persistent=False)
+        self.register_buffer("longitude", grid_axis(longitude, "longitude"), persistent=False)
         self.img_size = (self.latitude.numel(), self.longitude.numel())
         self.convs = nn.Sequential(
             _GridConv(n_state, hidden, periodic_longitude), nn.GELU(),

@@ -20,7 +20,8 @@ import pyarrow.dataset as pads
 
 from wxray.data import location
 from wxray.data.dims import INIT, LEAD
-from wxray.data.obs.registry import POINT, REGISTRY, StreamInfo, open_registry
+from wxray.data.obs.kinds import kind_of, station_kinds
+from wxray.data.obs.registry import REGISTRY, StreamInfo, open_registry
 from wxray.data.sources import first_line
 from wxray.errors import DataError
 
@@ -30,9 +31,9 @@ def point_stream(obs_dir: str | Path, stream: str) -> StreamInfo:
     if not location.reachable(obs_dir, "obs dir"):
         raise DataError(f"obs dir {obs_dir} does not exist")
     info = open_registry(obs_dir).select([stream])[0]
-    if info.kind != POINT:
+    if not kind_of(info).stations:
         raise DataError(f"{location.join(obs_dir, REGISTRY)}: stream '{stream}' is {info.kind}; station truth "
-                        f"needs a point stream")
+                        f"needs a {' or '.join(station_kinds())} stream")
     return info
 
 

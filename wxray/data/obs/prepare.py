@@ -38,6 +38,7 @@ import numpy as np
 import pandas as pd
 
 from wxray.data.obs.bounds import check_values
+from wxray.data.obs.kinds.point import POINT, POINTS_PATH
 from wxray.data.obs.points import (
     ALTITUDE,
     LAT,
@@ -54,8 +55,6 @@ from wxray.data.obs.points import (
     write_point_stream,
 )
 from wxray.data.obs.registry import (
-    POINT,
-    POINTS_PATH,
     REGISTRY,
     REGISTRY_LOCK,
     StreamInfo,

@@ -6,7 +6,7 @@ An *obs dir* holds `obs.yaml` and one sub-path per stream:
     source_store: /abs/path/of/the/store   # the store synthetic streams were derived from; "" for user streams
     streams:
       stations:                            # the stream name (letters, digits, _ and -; no dots)
-        kind: point                        # point | gridded
+        kind: point                        # a key of wxray.data.obs.kinds.KINDS: point | gridded
         path: points                       # point: the Parquet dataset root (hive: stream=<name>/day=YYYY-MM-DD/)
                                            # gridded: <name>.zarr
         variables: [geopotential, ...]
@@ -17,10 +17,11 @@ An *obs dir* holds `obs.yaml` and one sub-path per stream:
         max_per_step: 287                  # point streams: most reports in any interval of one store step
         description: "..."
 
-Channels of a stream (`StreamInfo.channels`): a point stream without levels has its variables; with levels
-`f"{var}_{level}"` variable-major; a gridded stream its variables (the zarr's `channel` coordinate). Every
-key is checked when the registry is opened: anything malformed is a one-line DataError naming obs.yaml and
-the key. A gridded stream's grid (latitude, longitude) is read from its zarr then, so `StreamInfo` carries it.
+Channels of a stream (`StreamInfo.channels`, `wxray.data.obs.stream`): its variables, or with levels
+`f"{var}_{level}"` variable-major. Every key is checked when the registry is opened: anything malformed is a
+one-line DataError naming obs.yaml and the key. What differs between kinds is the kind's (`wxray.data.obs.kinds`):
+whether levels are allowed, the least max_per_step, where the data lies and the check of that data (a gridded
+stream's grid, latitude and longitude, is read from its zarr then, so `StreamInfo` carries it).
 
 An obs dir is a local path or an fsspec URL (`s3://bucket/obs`, `wxray.data.location`), read in place; one in
 object storage is read-only (jobs write obs dirs locally, to be copied up whole).
@@ -30,7 +31,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,67 +40,16 @@ import pandas as pd
 import yaml
 
 from wxray.data import location
-from wxray.data.obs.gridded import read_grid
-from wxray.data.obs.points import STREAM
+from wxray.data.obs.kinds import KINDS
+from wxray.data.obs.stream import ObsSpec, StreamInfo
 from wxray.errors import ConfigError, DataError
 from wxray.io import write_text
 
 REGISTRY = "obs.yaml"
 REGISTRY_LOCK = ".obs.yaml.lock"  # held while a job adds a stream: two at once would each drop the other's entry
 VERSION = 1
-POINT, GRIDDED = "point", "gridded"
-KINDS = (POINT, GRIDDED)
-POINTS_PATH = "points"  # the Parquet dataset root every point stream of an obs dir shares
 NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")  # keys `obs.<name>.*` and hive paths need no dots, '=' or '/'
 _STREAM_KEYS = ("kind", "path", "variables", "levels", "mean", "std", "noise", "max_per_step", "description")
-
-
-@dataclass
-class StreamInfo:
-    """One stream as the registry describes it (plain values: pickles cheaply to Ray tasks)."""
-
-    name: str
-    kind: str  # POINT | GRIDDED
-    path: str  # relative to the obs dir
-    variables: list[str]
-    levels: list[int] = field(default_factory=list)
-    mean: dict[str, float] = field(default_factory=dict)
-    std: dict[str, float] = field(default_factory=dict)
-    noise: dict[str, float | None] = field(default_factory=dict)
-    max_per_step: int = 0
-    description: str = ""
-    latitude: np.ndarray | None = None  # gridded: the stream's own grid (ascending)
-    longitude: np.ndarray | None = None  # gridded: [0, 360)
-
-    @property
-    def channels(self) -> list[str]:
-        if self.kind == POINT and self.levels:
-            return [f"{v}_{lv}" for v in self.variables for lv in self.levels]
-        return list(self.variables)
-
-    @property
-    def n_channels(self) -> int:
-        return len(self.channels)
-
-    def channel_stats(self) -> tuple[np.ndarray, np.ndarray]:
-        """(mean, std) per channel, float32 (a level channel takes its variable's statistics)."""
-        per = len(self.levels) if self.kind == POINT and self.levels else 1
-        mean = np.repeat([self.mean[v] for v in self.variables], per).astype(np.float32)
-        std = np.repeat([self.std[v] for v in self.variables], per).astype(np.float32)
-        return mean, std
-
-    def data_path(self, obs_dir: str | Path) -> str:
-        """The stream's own data: its hive directory (point) or its zarr (gridded); a URL in a URL obs dir."""
-        root = location.join(obs_dir, self.path)
-        return location.join(root, f"{STREAM}={self.name}") if self.kind == POINT else root
-
-    def to_yaml(self) -> dict[str, Any]:
-        return {"kind": self.kind, "path": self.path, "variables": list(self.variables),
-                "levels": [int(x) for x in self.levels],
-                "mean": {v: float(self.mean[v]) for v in self.variables},
-                "std": {v: float(self.std[v]) for v in self.variables},
-                "noise": {v: (None if self.noise.get(v) is None else float(self.noise[v])) for v in self.variables},
-                "max_per_step": int(self.max_per_step), "description": self.description}
 
 
 @dataclass
@@ -195,8 +145,9 @@ def _stream(f: str, obs_dir: str, name: str, entry: Any) -> StreamInfo:
     if unknown:
         raise DataError(f"{f}: unknown key '{key}.{sorted(unknown)[0]}' (keys: {', '.join(_STREAM_KEYS)})")
     kind = entry.get("kind")
-    if kind not in KINDS:
-        raise bad("kind", "one of point, gridded", kind)
+    if not isinstance(kind, str) or kind not in KINDS:
+        raise bad("kind", f"one of {', '.join(KINDS)}", kind)
+    k = KINDS[kind]
     path = entry.get("path")
     if not isinstance(path, str) or not path or Path(path).is_absolute() or ".." in Path(path).parts:
         raise bad("path", "a path inside the obs dir", path)
@@ -209,8 +160,8 @@ def _stream(f: str, obs_dir: str, name: str, entry: Any) -> StreamInfo:
     if not isinstance(levels, list) or not all(isinstance(x, int) and not isinstance(x, bool) and x > 0
                                                for x in levels) or len(set(levels)) != len(levels):
         raise bad("levels", "a list of distinct positive integers (hPa)", levels)
-    if levels and kind == GRIDDED:
-        raise bad("levels", "[] for a gridded stream (its channels are its variables)", levels)
+    if levels and not k.levels:
+        raise bad("levels", f"[] for a {kind} stream (its channels are its variables)", levels)
     stats = {}
     for s in ("mean", "std", "noise"):
         d = entry.get(s) if s != "noise" else (entry.get(s) or {})
@@ -230,34 +181,17 @@ def _stream(f: str, obs_dir: str, name: str, entry: Any) -> StreamInfo:
                             f"({', '.join(variables)})")
         stats[s] = {v: (None if d.get(v) is None else float(d[v])) for v in variables}
     mps = entry.get("max_per_step", 0)
-    if not isinstance(mps, int) or isinstance(mps, bool) or mps < (1 if kind == POINT else 0):
-        raise bad("max_per_step", "an integer >= 1" if kind == POINT else "an integer >= 0", mps)
+    if not isinstance(mps, int) or isinstance(mps, bool) or mps < k.min_per_step:
+        raise bad("max_per_step", f"an integer >= {k.min_per_step}", mps)
     desc = entry.get("description") or ""
     if not isinstance(desc, str):
         raise bad("description", "a string", desc)
     info = StreamInfo(name=name, kind=kind, path=path, variables=list(variables), levels=list(levels),
                       mean=stats["mean"], std=stats["std"], noise=stats["noise"], max_per_step=mps, description=desc)
-    data = info.data_path(obs_dir)
+    data = k.data_path(info, obs_dir)
     if not location.exists(data):
         raise DataError(f"{f}: stream '{name}' has no data at {data}")
-    if kind == GRIDDED:
-        info.latitude, info.longitude = read_grid(data, variables, f"{f}: stream '{name}'")
-    return info
-
-
-@dataclass
-class ObsSpec:
-    """What an `ObsWindowReader` needs (plain values: pickles cheaply to Ray tasks)."""
-
-    obs_dir: str
-    streams: list[StreamInfo]  # the selected streams in registry order
-    step: np.timedelta64  # the store's time step
-    window_steps: int = 1  # observations with t - window_steps * step < time <= t
-    max_quality: int = 0  # keep observations whose quality <= this (0 good, 1 suspect, 2 bad)
-
-    @property
-    def window(self) -> np.timedelta64:
-        return (self.window_steps * self.step).astype("timedelta64[ns]")
+    return k.opened(info, data, f"{f}: stream '{name}'")
 
 
 def make_obs_spec(obs_dir: str | Path, step: Any, window_steps: int = 1, streams: list[str] | tuple[str, ...] = (),

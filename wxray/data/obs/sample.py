@@ -45,6 +45,8 @@ import numpy as np
 import pandas as pd
 
 from wxray.data.obs.gridded import write_gridded
+from wxray.data.obs.kinds.gridded import GRIDDED
+from wxray.data.obs.kinds.point import POINT, POINTS_PATH
 from wxray.data.obs.points import (
     ALTITUDE,
     LAT,
@@ -59,7 +61,7 @@ from wxray.data.obs.points import (
     to_table,
     write_point_stream,
 )
-from wxray.data.obs.registry import GRIDDED, POINT, POINTS_PATH, Registry, StreamInfo, write_registry
+from wxray.data.obs.registry import Registry, StreamInfo, write_registry
 from wxray.data.obs.synth import between, bilinear, orography, place_stations, ship_tracks, swath_mask
 from wxray.data.sample import ensure_sample_store
 from wxray.data.schema import GLOBAL, TRAJECTORY, grid_kind, open_stats, open_store, time_step
@@ -383,12 +385,12 @@ def make_sample_obs(store: str | Path = DEFAULT_STORE, out: str | Path = "data/s
         write_registry(reg, tmp)
     figures = {}
     for s in streams:
-        if s.kind == POINT:
+        if s.name in tables:
             n = len(tables[s.name][0])
-            figures[s.name] = {"kind": POINT, "n_obs": n, "n_sites": int(tables[s.name][0][STATION].nunique()),
+            figures[s.name] = {"kind": s.kind, "n_obs": n, "n_sites": int(tables[s.name][0][STATION].nunique()),
                                "max_per_step": s.max_per_step, "noise": s.noise}
         else:
             g = grids[s.name]
-            figures[s.name] = {"kind": GRIDDED, "n_obs": int(np.isfinite(g).sum()),
+            figures[s.name] = {"kind": s.kind, "n_obs": int(np.isfinite(g).sum()),
                                "coverage": round(float(np.isfinite(g).mean()), 3), "noise": s.noise}
     return SampleObsResult(out, str(store), figures, time.perf_counter() - t0)
