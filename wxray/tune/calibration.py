@@ -4,11 +4,11 @@ inference dropout rate p this way (configs/sweeps/dropout.yaml): the rate whose 
 closest to 1.
 
 Each trial reports once, from the evaluation's scorecard over the leads after the analysis (lead 0 has no
-dropout spread):
+dropout spread), the scores the registry marks for a sweep (`verify.metrics`):
 
     ssr_distance   mean over channels and leads of |SSR - 1|   (the paper's criterion; min)
-    mean_ssr       mean SSR
-    crps/<channel>, rmse/<channel>    means over leads (fair CRPS; ensemble-mean RMSE)
+    mean_ssr       mean SSR                                     (`Metric.calibration`: SSR's calibrated value 1)
+    crps/<channel>, rmse/<channel>    means over leads          (`Metric.sweep`: fair CRPS; ensemble-mean RMSE)
 
 The trial's MLflow child run is the forecast's; the evaluation runs untracked in `<trial dir>/evaluate`.
 """
@@ -25,9 +25,27 @@ from wxray.forecast.chain import load_chain, load_stochastic
 from wxray.forecast.job_e2e import ForecastE2EConfig, forecast_e2e
 from wxray.job import JobContext
 from wxray.tune.trials import run_trial
+from wxray.verify import metrics
 from wxray.verify.evaluate import EvaluateConfig, evaluate
 
-SUMMARY_METRICS = ("ssr_distance", "mean_ssr")
+
+def _calibrated() -> dict[str, float]:
+    return {m.name: m.calibration for m in metrics.by_name().values() if m.calibration is not None}
+
+
+def _swept() -> list[str]:
+    return [m.name for m in sorted((m for m in metrics.by_name().values() if m.sweep), key=lambda m: m.sweep)]
+
+
+def report_keys(channels: list[str]) -> set[str]:
+    """The metrics a trial over these channels reports (module doc)."""
+    summary = {k for name in _calibrated() for k in (f"{name}_distance", f"mean_{name}")}
+    return summary | {f"{name}/{c}" for name in _swept() for c in channels}
+
+
+def is_report_key(key: str) -> bool:
+    """Whether `key` is one of a trial's reported metrics, whatever its channels."""
+    return key in report_keys([]) or key.startswith(tuple(f"{name}/" for name in _swept()))
 
 
 def check_trial(base_cfg) -> set[str]:
@@ -38,17 +56,19 @@ def check_trial(base_cfg) -> set[str]:
     if base_cfg.members.M * base_cfg.members.N > 1:
         load_stochastic(Path(base_cfg.stages), tcfg, data, base_cfg.members.M, base_cfg.members.N,
                         base_cfg.dropout)
-    channels = [c.name for c in data.spec.targets]
-    return set(SUMMARY_METRICS) | {f"{m}/{c}" for m in ("crps", "rmse") for c in channels}
+    return report_keys([c.name for c in data.spec.targets])
 
 
 def scorecard_metrics(scorecard: Path) -> dict[str, float]:
     """The trial's report (module doc) from an evaluation's scorecard.csv."""
     card = pd.read_csv(scorecard)
     card = card[card["lead_hours"] > 0]
-    ssr = card.loc[card["metric"] == "ssr", "value"].astype(float)
-    out = {"ssr_distance": float((ssr - 1).abs().mean()), "mean_ssr": float(ssr.mean())}
-    for metric in ("crps", "rmse"):
+    out: dict[str, float] = {}
+    for metric, calibrated in _calibrated().items():
+        values = card.loc[card["metric"] == metric, "value"].astype(float)
+        out[f"{metric}_distance"] = float((values - calibrated).abs().mean())
+        out[f"mean_{metric}"] = float(values.mean())
+    for metric in _swept():
         rows = card[card["metric"] == metric]
         out.update({f"{metric}/{ch}": float(v) for ch, v in rows.groupby("channel")["value"].mean().items()})
     return out

@@ -10,6 +10,7 @@ import ray
 from wxray.console import say
 from wxray.data.window_data import prepare_windows
 from wxray.errors import ConfigError
+from wxray.platform.train.tasks import VAL_RMSE
 from wxray.tune import calibration
 from wxray.tune.config import SweepConfig
 
@@ -63,7 +64,7 @@ def reported_metrics(trial_cfg) -> tuple[set[str], set[str]]:
     final: set[str] = set()
     if len(data.anchors["val"]):
         every.add("val/loss")
-        rmse = {f"val/rmse/{c.name}" for c in data.spec.targets}
+        rmse = {VAL_RMSE + c.name for c in data.spec.targets}
         if trial_cfg.model.generative:
             final |= rmse
         else:

@@ -24,7 +24,7 @@ class SweepConfig(JobConfig):
     repeat: PosInt = 1  # seeds per point (train.seed 0 .. repeat - 1)
     num_samples: PosInt = 1  # draws of the choice/uniform/loguniform keys per grid point
     # what ASHA and the best config go by: val/loss, val/rmse/<channel>, train/epoch_loss (train_sparse);
-    # ssr_distance, mean_ssr, crps/<channel>, rmse/<channel> (forecast_e2e)
+    # ssr_distance, mean_ssr, crps/<channel>, rmse/<channel> (forecast_e2e: tune/calibration.report_keys)
     metric: str = "val/loss"
     mode: Literal["min", "max"] = "min"  # min: lower metric is better; max: higher
     scheduler: Literal["asha", "fifo"] = "asha"  # asha: stop poor trials early; fifo: every trial to the end

@@ -22,6 +22,7 @@ import pandas as pd
 
 from wxray.config import dump_yaml
 from wxray.io import atomic_path, write_text
+from wxray.tune import calibration
 from wxray.tune.space import SEED_KEYS, Axis, trial_config
 
 SPEED = "samples_per_s"
@@ -42,8 +43,7 @@ def collect(grid, axes: list[Axis], metric: str, max_t: int) -> pd.DataFrame:
                     "stopped_early": r.error is None and epochs < max_t, "failed": r.error is not None,
                     metric: m.get(metric, np.nan)})
         for k, v in sorted(m.items()):
-            if (k.startswith(("val/", "crps/", "rmse/")) or k in ("train/epoch_loss", "ssr_distance", "mean_ssr")) \
-                    and k != metric:
+            if (k.startswith("val/") or k == "train/epoch_loss" or calibration.is_report_key(k)) and k != metric:
                 row[k] = v
         row[SPEED] = m.get("train/epoch_samples_per_s_per_worker", np.nan)
         row["saved_activation_bytes"] = m.get("train/epoch_saved_activation_bytes", np.nan)

@@ -1,6 +1,7 @@
-"""A scorecard in a few lines for the console, before RESULT: per channel the headline score at the first and
-last lead in the variable's units and, with a baseline, the relative difference there and at how many leads
-the forecast is significantly better or worse. RESULT and the files keep every figure; this is for reading."""
+"""A scorecard in a few lines for the console, before RESULT: per channel the digest's score (`Metric.digest`: the
+CRPS of an ensemble, the RMSE of a one-member forecast) at the first and last lead in the variable's units and,
+with a baseline, the relative difference there and at how many leads the forecast is significantly better or
+worse. RESULT and the files keep every figure; this is for reading."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import numpy as np
 import xarray as xr
 
 from wxray.data.schema import LEAD
+from wxray.verify import metrics
 from wxray.verify.units import pretty_units
 
 
@@ -17,7 +19,11 @@ def _number(v: float) -> str:
 
 def digest(card: xr.Dataset) -> list[str]:
     """The lines (without the 'wxray: ' prefix) of the module docstring."""
-    metric = "crps" if int(card.attrs.get("n_members", 1)) > 1 else "rmse"
+    one_member = int(card.attrs.get("n_members", 1)) <= 1  # a one-member CRPS is the MAE: not shown as a CRPS
+    ranked = [m for m in metrics.by_name().values() if m.digest and not (one_member and m.one_member_alias)]
+    if not ranked:
+        return []
+    metric = max(ranked, key=lambda m: m.digest).name
     if metric not in card["metric"].values:
         return []
     hours = card[LEAD].values / np.timedelta64(1, "h")

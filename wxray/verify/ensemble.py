@@ -10,6 +10,7 @@ nested dim names) lives in `wxray.verify.anova` and is re-exported here.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import xarray as xr
@@ -87,6 +88,41 @@ def _pairwise_abs_sum(x: xr.DataArray, dim: str) -> xr.DataArray:
     return 2 * (xs * coeff).sum(dim, skipna=False)
 
 
+@dataclass(frozen=True)
+class CRPSTerms:
+    """The terms every CRPS of K members is built from, the members sorted once: `error` = mean_k |x_k - y| and
+    `pairs` = sum_kl |x_k - x_l|; for a nested ensemble of M encoder groups also `within`, the pairs inside a
+    group (`crps_field_nested` says why they are left out of its fair form).
+
+        fair   error - pairs / (2 K (K-1))                      exchangeable members (Ferro 2014)
+               error - (pairs - within) / (2 M (M-1) (K/M)^2)   a nested ensemble
+        ecdf   error - pairs / (2 K^2)                          the members' empirical distribution
+    """
+
+    error: xr.DataArray
+    pairs: xr.DataArray
+    k: int
+    groups: int = 0  # M of a nested ensemble; 0: exchangeable members
+    within: xr.DataArray | None = None
+
+    def fair(self) -> xr.DataArray:
+        if self.within is None:
+            return (self.error - self.pairs / (2.0 * self.k * (self.k - 1))).rename("crps")
+        m, n = self.groups, self.k // self.groups
+        return (self.error - (self.pairs - self.within) / (2.0 * m * (m - 1) * n * n)).rename("crps")
+
+    def ecdf(self) -> xr.DataArray:
+        return (self.error - self.pairs / (2.0 * self.k * self.k)).rename("crps")
+
+
+def crps_terms(forecast: xr.DataArray, truth: xr.DataArray, member_dim: MemberDims = MEMBER,
+               skipna: bool = False) -> CRPSTerms:
+    """The CRPS terms of exchangeable members (nested dims in a tuple are flattened)."""
+    forecast, dim = _member_dim(forecast, member_dim)
+    f, t = _paired(forecast, truth, dim, skipna)
+    return CRPSTerms(abs(f - t).mean(dim, skipna=False), _pairwise_abs_sum(f, dim), forecast.sizes[dim])
+
+
 def crps_field(forecast: xr.DataArray, truth: xr.DataArray, member_dim: MemberDims = MEMBER,
                fair: bool = True, skipna: bool = False) -> xr.DataArray:
     """Pointwise ensemble CRPS: mean_i |x_i - y| - sum_ij |x_i - x_j| / (2 K(K-1)) (fair) or / (2 K^2) (ECDF).
@@ -95,11 +131,10 @@ def crps_field(forecast: xr.DataArray, truth: xr.DataArray, member_dim: MemberDi
     (Ferro 2014), so it does not reward a small ensemble for being under-dispersed.
     """
     forecast, dim = _member_dim(forecast, member_dim)
-    k = _require_members(forecast, dim, "fair CRPS") if fair else forecast.sizes[dim]
-    f, t = _paired(forecast, truth, dim, skipna)
-    abs_term = abs(f - t).mean(dim, skipna=False)
-    norm = 2.0 * k * (k - 1) if fair else 2.0 * k * k
-    return (abs_term - _pairwise_abs_sum(f, dim) / norm).rename("crps")
+    if fair:
+        _require_members(forecast, dim, "fair CRPS")
+    terms = crps_terms(forecast, truth, dim, skipna)
+    return terms.fair() if fair else terms.ecdf()
 
 
 def crps_fair(forecast: xr.DataArray, truth: xr.DataArray, member_dim: MemberDims = MEMBER,
@@ -242,15 +277,21 @@ def crps_field_nested(forecast: xr.DataArray, truth: xr.DataArray, group_dim: st
     are not two independent draws from the forecast distribution, and the pooled fair CRPS, which counts
     them, overstates the score of a nested ensemble. With one member per group this is the fair CRPS.
     """
+    return nested_crps_terms(forecast, truth, group_dim, skipna).fair()
+
+
+def nested_crps_terms(forecast: xr.DataArray, truth: xr.DataArray, group_dim: str = ENCODER_DRAW,
+                      skipna: bool = False) -> CRPSTerms:
+    """The CRPS terms of a nested ensemble, with the pairs within each group of `group_dim`."""
     m = _require_members(forecast, group_dim, "nested fair CRPS")
     replicates = [d for d in member_dims_of(forecast) if d != group_dim]
     inner = flatten_members(forecast, replicates, "replicate") if replicates else forecast.expand_dims("replicate")
     n = inner.sizes["replicate"]
     inner, truth = _paired(inner, truth, (group_dim, "replicate"), skipna)
-    abs_term = abs(inner - truth).mean((group_dim, "replicate"), skipna=False)
+    error = abs(inner - truth).mean((group_dim, "replicate"), skipna=False)
     within = _pairwise_abs_sum(inner, "replicate").sum(group_dim, skipna=False)
-    between = _pairwise_abs_sum(flatten_members(inner, (group_dim, "replicate")), MEMBER) - within
-    return (abs_term - between / (2.0 * m * (m - 1) * n * n)).rename("crps")
+    pairs = _pairwise_abs_sum(flatten_members(inner, (group_dim, "replicate")), MEMBER)
+    return CRPSTerms(error, pairs, m * n, m, within)
 
 
 def nested_spread_skill(forecast: xr.DataArray, truth: xr.DataArray, group_dim: str = ENCODER_DRAW,

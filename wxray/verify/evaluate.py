@@ -37,6 +37,7 @@ from wxray.data.schema import INIT, LAT, LEAD, LON, TIME, channels, longitude_co
 from wxray.errors import ConfigError, DataError
 from wxray.io import atomic_path
 from wxray.job import JobConfig, JobContext
+from wxray.verify import metrics
 from wxray.verify.digest import digest
 from wxray.verify.forecasts import (
     check_grid,
@@ -55,7 +56,6 @@ from wxray.verify.scorecard import REL_DIFF_CONVENTION, Model, build_scorecard, 
 from wxray.verify.spatial import RegionName
 from wxray.verify.stations import log_station_metrics, scores_summary, scores_table, station_evaluation
 
-HEADLINE_METRICS = ("rmse", "crps", "ssr", "acc")
 Baseline = Annotated[str, PathKey(keywords=("persistence",))]
 StationBaseline = Annotated[str, PathKey(keywords=("bilinear",))]
 
@@ -87,7 +87,8 @@ class EvaluateConfig(JobConfig):
     station_baseline: StationBaseline = ""  # "bilinear" (`forecast` interpolated to the stations) or a station Parquet
 
     experiment = "wxray-evaluate"
-    columns = ("rmse/*", "crps/*", "rel_diff/rmse/*", "rel_diff/crps/*", "stations/rmse/*")  # at the last lead
+    columns = (*(f"{prefix}{m}/*" for prefix in ("", "rel_diff/") for m in metrics.key_comparisons()),
+               "stations/rmse/*")  # at the last lead
 
     def validate(self) -> None:
         gridded = bool(self.forecast) or self.make_persistence
@@ -233,7 +234,7 @@ def headline(card: xr.Dataset) -> dict[str, Any]:
         out["units"] = {str(ch): str(u) for ch, u in zip(card["channel"].values, card["units"].values)}
     compared = "significant" in card
     fields = [("", "value")] + ([("baseline.", "baseline_value"), ("rel_diff.", "rel_diff")] if compared else [])
-    for metric in HEADLINE_METRICS:
+    for metric in metrics.headline_names():
         if metric not in card["metric"].values:
             continue
         for prefix, name in fields:
@@ -250,7 +251,7 @@ def headline(card: xr.Dataset) -> dict[str, Any]:
         out["n_compared"] = int(np.isfinite(sig).sum())
         out["n_significant_better"] = int(((sig == 1) & better).sum())
         out["n_significant_worse"] = int(((sig == 1) & ~better).sum())
-        for metric in ("rmse", "crps"):
+        for metric in metrics.key_comparisons():
             if metric in card["metric"].values:
                 out[f"mean_rel_diff.{metric}"] = float(rel.sel(metric=metric).mean())
     return out

@@ -9,8 +9,9 @@ grid, at the forecast's own inits:
 
 and the same scores of persistence (the state at init, unchanged) at the same inits and leads, so a
 forecast that does not beat persistence shows at once. A forecast with a `member` dim is scored by its
-ensemble mean (`jobs/evaluate.py` gives CRPS and spread-skill). The scores are the scorecard's own
-(`verify.scorecard.build_scorecard` with rmse and acc, no intervals). The report:
+ensemble mean (`jobs/evaluate.py` gives CRPS and spread-skill). The scores are the scorecard's own, those the
+registry marks for a rollout (`Metric.rollout`: rmse and acc; `verify.scorecard.build_scorecard`, no
+intervals). The report:
 
     {"lead_hours": [6, 12], "inits": 40, "members": 1, "scored": "forecast",
      "units": {"geopotential_500": "m**2 s**-2"},
@@ -26,10 +27,14 @@ import numpy as np
 import xarray as xr
 
 from wxray.data.schema import INIT, LEAD, LEVEL, MEMBER, Channel
+from wxray.verify import metrics
 from wxray.verify.forecasts import crop_to, persistence_forecast, truth_at
 from wxray.verify.scorecard import Model, build_scorecard
 
-SCORES = ("rmse", "acc", "persistence_rmse", "persistence_acc")
+
+def rollout_scores() -> list[str]:
+    """The scores of a rollout's report (`Metric.rollout`), in the registry's order."""
+    return [m.name for m in metrics.by_name().values() if m.rollout]
 
 
 def on_grid(ds: xr.Dataset, forecast: xr.Dataset, what: str) -> xr.Dataset:
@@ -49,18 +54,19 @@ def _channel_names(da: xr.DataArray, var: str) -> list[str]:
 
 def score_per_lead(forecast: xr.Dataset, truth: xr.Dataset,
                    climatology: xr.Dataset | None = None) -> dict[str, dict[str, list[float]]]:
-    """{"rmse": {channel: [per lead]}, "acc": {...}}; "acc" only where `climatology` has the variable. The
-    scorecard's metrics (`verify.metrics`), without intervals: the same RMSE and ACC as `jobs/evaluate.py`."""
+    """{"rmse": {channel: [per lead]}, "acc": {...}} (`rollout_scores`); "acc" only where `climatology` has the
+    variable. The scorecard's metrics (`verify.metrics`), without intervals: the same as `jobs/evaluate.py`."""
     truth = on_grid(truth, forecast, "store")
     if climatology is not None:
         climatology = on_grid(climatology, forecast, "store stats/climatology")
-    out: dict[str, dict[str, list[float]]] = {"rmse": {}, "acc": {}}
+    names = rollout_scores()
+    out: dict[str, dict[str, list[float]]] = {name: {} for name in names}
     for var in map(str, forecast.data_vars):
         da = forecast[var]
         chans = [Channel(var, int(lv)) for lv in da[LEVEL].values] if LEVEL in da.dims else [Channel(var)]
         clim = climatology if climatology is not None and var in climatology else None
         card = build_scorecard(Model(f"forecast {var}", forecast[[var]]), truth, chans, climatology=clim,
-                               skipna=True, metrics=("rmse", "acc"), intervals=False, maps=False)
+                               skipna=True, metrics=names, intervals=False, maps=False)
         for name in out:
             if name in card["metric"].values:
                 out[name].update({ch.name: card["value"].sel(channel=ch.name, metric=name).values.tolist()
@@ -107,7 +113,8 @@ def rollout_report(forecast: xr.Dataset, truth: xr.Dataset, climatology: xr.Data
 
 def log_report(report: dict[str, Any], tracker) -> None:
     """One MLflow metric per score and channel, the lead in hours as the step: curves against lead."""
+    scores = [prefix + name for prefix in ("", "persistence_") for name in rollout_scores()]
     for j, hours in enumerate(report["lead_hours"]):
-        metrics = {f"rollout/{score}/{ch}": values[j] for score in SCORES if score in report
-                   for ch, values in report[score].items()}
-        tracker.log_metrics(metrics, step=int(round(hours)))
+        values = {f"rollout/{score}/{ch}": per_lead[j] for score in scores if score in report
+                  for ch, per_lead in report[score].items()}
+        tracker.log_metrics(values, step=int(round(hours)))

@@ -28,18 +28,12 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from wxray.data.schema import LAT, LEAD, LON
-from wxray.verify.metrics import METRICS, exchangeable_metrics, nested_metrics
+from wxray.verify import metrics
 from wxray.verify.units import units_label
 
 MAX_LEADS_SHOWN = 4  # leads shown in map and rank-histogram grids
 MAX_LEAD_TICKS = 12
-HEATMAP_METRICS = ("rmse", "crps")  # CRPS only for an ensemble (a one-member CRPS is the MAE)
 HEATMAP_MIN_SPAN = 1.0  # percent: the colour scale spans at least +-1 %
-# names, units and which metrics get a score-vs-lead figure: from the metric registry (verify/metrics.py)
-_ALL = [*METRICS, *exchangeable_metrics(2), *nested_metrics((2, 4, 8))]
-LINE_METRICS = tuple(dict.fromkeys(m.name for m in _ALL if m.plot))
-NAMES = {m.name: m.label or m.name for m in reversed(_ALL)}
-UNIT_POWER = {m.name: m.unit_power for m in _ALL}
 DOT = "significant (Diebold-Mariano, p < {:g})"
 
 
@@ -80,9 +74,15 @@ def _with_units(name: str, units: str, power: int) -> str:
 
 
 def score_label(metric: str, units: str = "", one_member: bool = False) -> str:
-    """'RMSE [m**2 s**-2]'; no brackets for a dimensionless score or unknown units."""
-    name = "CRPS (= MAE, one member)" if metric == "crps" and one_member else NAMES.get(metric, metric)
-    return _with_units(name, units, UNIT_POWER.get(metric, 0))
+    """'RMSE [m**2 s**-2]'; no brackets for a dimensionless score or unknown units. A score a one-member forecast
+    has as another's ('CRPS (= MAE, one member)') says so there."""
+    m = metrics.by_name().get(metric)
+    if m is None:
+        return metric
+    name = metrics.label(metric)
+    if one_member and m.one_member_alias:
+        name = f"{name} (= {metrics.label(m.one_member_alias)}, one member)"
+    return _with_units(name, units, m.unit_power)
 
 
 def _one_member(ds: xr.Dataset) -> bool:
@@ -129,6 +129,7 @@ def plot_metric(ds: xr.Dataset, metric: str) -> Figure:
     compared = "baseline_value" in ds
     level = float(ds.attrs.get("significance", 0.05))
     forecast = model_label(ds, "forecast")
+    zero = getattr(metrics.by_name().get(metric), "zero_line", None)  # bias plots carry a zero line
     for ax, ch in zip(axes.flat, channels):
         sel = ds.sel(channel=ch, metric=metric)
         if compared and np.isfinite(sel["baseline_value"]).any():
@@ -136,8 +137,8 @@ def plot_metric(ds: xr.Dataset, metric: str) -> Figure:
             _line(ax, x, sel, "", forecast, "tab:blue", sel["significant"].values, level)
         else:
             _line(ax, x, sel, "", forecast, "tab:blue")
-        if metric == "bias":
-            ax.axhline(0.0, color="k", lw=0.8)
+        if zero is not None:
+            ax.axhline(zero, color="k", lw=0.8)
         _lead_axis(ax, x)
         ax.set(title=str(ch), ylabel=score_label(metric, units_of(ds, ch), _one_member(ds)))
         ax.legend(fontsize="small")
@@ -231,7 +232,7 @@ def plot_heatmap(ds: xr.Dataset, metric: str) -> Figure:
     ax.set_xticks(np.arange(len(hours)), [f"{h:g}" for h in hours])
     ax.set_yticks(np.arange(len(channels)), channels)
     ax.set_xlabel("lead time [h]")
-    name = NAMES.get(metric, metric)
+    name = metrics.label(metric)
     ax.set_title(f"{name}: {model_label(ds, 'forecast')}\nvs {model_label(ds, 'baseline')}", fontsize="medium")
     fig.colorbar(image, ax=ax, label=f"{name} difference [%]\n100 (forecast / baseline - 1)\n"
                                      f"blue: forecast {'higher' if higher else 'lower'} (better)")
@@ -240,11 +241,13 @@ def plot_heatmap(ds: xr.Dataset, metric: str) -> Figure:
 
 
 def heatmap_metrics(ds: xr.Dataset) -> list[str]:
-    """The headline metrics with a comparison: RMSE, and CRPS for an ensemble."""
+    """The key comparison scores (`Metric.key_comparison`: RMSE, and CRPS for an ensemble: a one-member CRPS is
+    the MAE) that have a comparison."""
     if "rel_diff" not in ds:
         return []
-    return [m for m in HEATMAP_METRICS if m in ds["metric"].values and (m != "crps" or not _one_member(ds))
-            and np.isfinite(ds["rel_diff"].sel(metric=m)).any()]
+    one = _one_member(ds)
+    return [m.name for m in metrics.by_name().values() if m.key_comparison and m.name in ds["metric"].values
+            and not (one and m.one_member_alias) and np.isfinite(ds["rel_diff"].sel(metric=m.name)).any()]
 
 
 def no_intervals_note(ds: xr.Dataset) -> str | None:
@@ -266,13 +269,14 @@ def _noted(fig: Figure, ds: xr.Dataset) -> Figure:
 
 def figures(ds: xr.Dataset) -> Iterator[tuple[str, Figure]]:
     """(file name, figure) for every figure of a scorecard, built one at a time."""
-    metrics = [m for m in ds["metric"].values if np.isfinite(ds["value"].sel(metric=m)).any()]
+    scored = [str(m) for m in ds["metric"].values if np.isfinite(ds["value"].sel(metric=m)).any()]
+    registry = metrics.by_name()
     for m in heatmap_metrics(ds):
         yield f"scorecard_{m}.png", _noted(plot_heatmap(ds, m), ds)
-    for m in metrics:
-        if m in LINE_METRICS:
+    for m in scored:
+        if m in registry and registry[m].plot:
             yield f"score_{m}.png", _noted(plot_metric(ds, m), ds)
-    if "ssr" in metrics:
+    if "ssr" in scored:
         yield "spread_skill.png", _noted(plot_spread_skill(ds), ds)
     if "rank_histogram" in ds:
         yield "rank_histogram.png", plot_rank_histograms(ds)

@@ -30,7 +30,7 @@ from wxray.platform.train.sparse import train_sparse
 from wxray.platform.train.stage_config import TrainE2EConfig
 from wxray.platform.train.stage_eval import evaluate_stage
 from wxray.platform.train.stage_task import StageTask
-from wxray.platform.train.tasks import Task
+from wxray.platform.train.tasks import VAL_RMSE, Task
 from wxray.provenance import store_fingerprint, stream_fingerprint
 
 
@@ -84,7 +84,7 @@ def train_e2e(cfg: TrainE2EConfig, ctx: JobContext) -> dict[str, Any]:
 
 
 def stage_summary(stage: str, result, metrics: dict, ctx: JobContext, data: E2EData) -> dict[str, Any]:
-    return {"stage": stage, "val_rmse": trainer.figures(metrics, "val/rmse/"), "val_loss": metrics.get("val/loss"),
+    return {"stage": stage, "val_rmse": trainer.figures(metrics, VAL_RMSE), "val_loss": metrics.get("val/loss"),
             "train_loss": metrics.get("train/epoch_loss"), "epochs": int(metrics.get("epoch", 0)),
             "checkpoint": str(Path(result.checkpoint.path).resolve()), "n_parameters": metrics.get("n_parameters"),
             "windows": data.counts()}

@@ -21,7 +21,7 @@ from wxray.platform.train import storage, trainer
 from wxray.platform.train.config import TrainSparseConfig
 from wxray.platform.train.datasets import build_datasets
 from wxray.platform.train.evaluation import evaluate_checkpoint
-from wxray.platform.train.tasks import ForecasterTask
+from wxray.platform.train.tasks import VAL_RMSE, ForecasterTask
 from wxray.provenance import store_fingerprint
 
 
@@ -85,7 +85,7 @@ def train_sparse(cfg: TrainSparseConfig, ctx: JobContext, callbacks: list | None
         evaluation = evaluate_checkpoint(cfg, data, Path(d), Path(ctx.out_dir), ctx)
         registered = register(cfg, ctx, Path(d), example)
     return {
-        "val_rmse": trainer.figures(metrics, "val/rmse/"),
+        "val_rmse": trainer.figures(metrics, VAL_RMSE),
         "val_loss": metrics.get("val/loss"),
         "train_loss": metrics.get("train/epoch_loss"),
         "samples_per_s_per_worker": metrics.get("train/epoch_samples_per_s_per_worker"),

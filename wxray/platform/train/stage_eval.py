@@ -26,6 +26,7 @@ from wxray.forecast.stages import build_stage_model, decode_stations, stage_iden
 from wxray.forecast.state import next_state, obs_of, physical
 from wxray.models import latitude_weights
 from wxray.platform.train.stage_config import TrainE2EConfig
+from wxray.platform.train.tasks import VALIDATION_RMSE
 from wxray.verify.field_plots import plot_field_rows
 from wxray.verify.stations import bilinear_at_points
 
@@ -53,7 +54,8 @@ def batches(data: E2EData, anchors: np.ndarray):
 
 
 class FieldRMSE:
-    """Latitude-weighted RMSE per channel, accumulated over batches of windows."""
+    """Latitude-weighted RMSE per channel, accumulated over batches of windows: the scorecard's RMSE
+    (`verify.metrics.RMSE.from_means` of the mean per-window MSE)."""
 
     def __init__(self, spec: WindowSpec):
         self.w = latitude_weights(torch.as_tensor(spec.latitude, dtype=torch.float32))[None, None, :, None]
@@ -65,7 +67,8 @@ class FieldRMSE:
         self.n += pred.shape[0]
 
     def result(self) -> dict[str, float]:
-        return {n: float(f"{float(np.sqrt(v / max(1, self.n))):.6g}") for n, v in zip(self.names, self.se.tolist())}
+        return {n: float(f"{float(VALIDATION_RMSE.from_means(v / max(1, self.n))):.6g}")
+                for n, v in zip(self.names, self.se.tolist())}
 
 
 def _ratio(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:

@@ -8,7 +8,6 @@ the processor can correct in one step, and the analysis stops being one.
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -21,7 +20,7 @@ from wxray.models import lat_weighted_mse
 from wxray.platform.cluster import devices
 from wxray.platform.train.batches import lockstep_batches
 from wxray.platform.train.stage_config import TrainE2EConfig
-from wxray.platform.train.tasks import Task
+from wxray.platform.train.tasks import VAL_RMSE, VALIDATION_RMSE, Task
 
 
 def stage_loss(cfg: TrainE2EConfig, model: nn.Module, batch: dict[str, torch.Tensor], data: E2EData,
@@ -98,6 +97,7 @@ class StageTask(Task):
             dist.all_reduce(sums)
         out = {"val/loss": sums[-2].item() / max(1.0, sums[-1].item()), "val/windows": sums[-1].item()}
         for i, name in enumerate(names):
-            out[f"val/rmse/{name}"] = float(np.sqrt(sums[i].item() / max(1.0, sums[len(names) + i].item())))
+            mse = sums[i].item() / max(1.0, sums[len(names) + i].item())
+            out[VAL_RMSE + name] = float(VALIDATION_RMSE.from_means(mse))
         model.train()
         return out

@@ -20,7 +20,6 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -33,8 +32,13 @@ from wxray.models.edm_blocks import EDMBlock
 from wxray.models.registry import ModelConfig, SamplerConfig, as_forecaster, build_forecaster
 from wxray.platform.cluster import devices
 from wxray.platform.train.batches import lockstep_batches
+from wxray.verify.metrics import RMSE
 
 TRANSFORMER_BLOCKS = (Block, EDMBlock)
+# Validation's per-channel RMSE is the scorecard's (`verify.metrics.RMSE`): reported as VAL_RMSE + channel,
+# aggregated by its `from_means` from the workers' summed per-window MSE (the torch accumulation stays here).
+VALIDATION_RMSE = RMSE()
+VAL_RMSE = f"val/{RMSE.name}/"
 
 
 class Task(ABC):
@@ -111,7 +115,7 @@ def validate(model, batches, spec: WindowSpec, lat_w: torch.Tensor, device, worl
     out = {"val/loss": sums[n_out].item() / count, "val/windows": count}
     for i, ch in enumerate(spec.targets):
         if score:
-            out[f"val/rmse/{ch.name}"] = float(np.sqrt(sums[i].item() / count))
+            out[VAL_RMSE + ch.name] = float(VALIDATION_RMSE.from_means(sums[i].item() / count))
     model.train()
     return out
 
