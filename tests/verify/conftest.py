@@ -21,8 +21,8 @@ import xarray as xr
 from tests.fixture_files import ERA5_MEMBERS  # noqa: F401  (used by the test modules too)
 from wxray.data.schema import open_store
 from wxray.job import run_job
-from wxray.verify import persistence_forecast
 from wxray.verify.evaluate import EvaluateConfig, evaluate
+from wxray.verify.forecasts import persistence_forecast
 
 LEVELS = (500, 850)
 

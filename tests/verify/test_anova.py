@@ -8,9 +8,8 @@ import pytest
 import xarray as xr
 
 from wxray.errors import DataError
-from wxray.verify import (
-    DROPOUT_DRAW,
-    ENCODER_DRAW,
+from wxray.verify import ensemble as ens
+from wxray.verify.anova import (
     MOMENT,
     MOMENTS,
     ROUTING_DRAW,
@@ -18,10 +17,9 @@ from wxray.verify import (
     group_moments,
     merge_moments,
     moments_anova,
-    nested_anova,
     nested_anova3,
 )
-from wxray.verify import ensemble as ens
+from wxray.verify.ensemble import DROPOUT_DRAW, ENCODER_DRAW, nested_anova
 
 DIMS3 = (ENCODER_DRAW, DROPOUT_DRAW, ROUTING_DRAW)
 S_A2, S_B2, S_E2 = 4.0, 1.0, 0.25

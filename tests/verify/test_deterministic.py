@@ -9,7 +9,8 @@ import scores
 import xarray as xr
 
 from wxray.errors import DataError
-from wxray.verify import acc, bias, climatology_at, latitude_weights, mae, mse, rmse, ssim
+from wxray.verify.deterministic import acc, bias, climatology_at, mae, mse, rmse, ssim
+from wxray.verify.spatial import latitude_weights
 
 LAT = np.linspace(-84.375, 84.375, 16)
 LON = np.arange(32) * 11.25

@@ -10,7 +10,7 @@ import scores
 import xarray as xr
 
 from wxray.errors import DataError
-from wxray.verify import (
+from wxray.verify.ensemble import (
     branch_spread_skill,
     crps,
     crps_ecdf,
@@ -19,13 +19,13 @@ from wxray.verify import (
     crps_field_nested,
     ensemble_mean_rmse,
     flatten_members,
-    latitude_weights,
     nested_anova,
     nested_spread_skill,
     rank_histogram,
     spread,
     spread_skill_ratio,
 )
+from wxray.verify.spatial import latitude_weights
 
 LAT = np.linspace(-84.375, 84.375, 16)
 LON = np.arange(32) * 11.25

@@ -13,7 +13,7 @@ import xarray as xr
 from tests.verify.conftest import make_store, run_evaluate, write_zarr
 from tests.verify.test_forecast_grids import flip, write_raw_store
 from wxray.data.schema import open_store
-from wxray.verify import persistence_forecast
+from wxray.verify.forecasts import persistence_forecast
 
 SCORES = ("value", "n_init", "nan_points")
 

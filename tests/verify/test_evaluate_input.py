@@ -19,8 +19,8 @@ from wxray.data.schema import open_store
 from wxray.data.sources import check_grib
 from wxray.errors import ConfigError, DataError
 from wxray.job import run_job
-from wxray.verify import persistence_forecast
 from wxray.verify.evaluate import EvaluateConfig, evaluate
+from wxray.verify.forecasts import persistence_forecast
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -15,8 +15,10 @@ from mlflow.tracking import MlflowClient
 from tests.verify.conftest import ERA5_MEMBERS, nested_forecast, persistence_file, run_evaluate, write_zarr
 from wxray.data.schema import open_store
 from wxray.job import run_job
-from wxray.verify import crps_fair, persistence_forecast, rmse, truth_at
+from wxray.verify.deterministic import rmse
+from wxray.verify.ensemble import crps_fair
 from wxray.verify.evaluate import EvaluateConfig, evaluate
+from wxray.verify.forecasts import persistence_forecast, truth_at
 from wxray.verify.plots import no_intervals_note
 from wxray.verify.scorecard import metrics_for, score_series
 

@@ -10,9 +10,15 @@ import xarray as xr
 from tests.verify.conftest import make_store, write_stats
 from wxray.data.schema import open_store
 from wxray.errors import DataError
-from wxray.verify import latitude_weights, open_forecast, open_truth, persistence_forecast, region_mask
-from wxray.verify.forecasts import check_grid, longitude_arc, regrid_like
-from wxray.verify.spatial import Region
+from wxray.verify.forecasts import (
+    check_grid,
+    longitude_arc,
+    open_forecast,
+    open_truth,
+    persistence_forecast,
+    regrid_like,
+)
+from wxray.verify.spatial import Region, latitude_weights, region_mask
 
 UK_LAT, UK_LON = np.arange(50.0, 60.01, 0.5), np.arange(-10.0, 2.01, 0.5)  # 10 W .. 2 E
 

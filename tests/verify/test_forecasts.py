@@ -10,8 +10,7 @@ import xarray as xr
 from tests.verify.conftest import ERA5_MEMBERS
 from wxray.data.schema import open_store
 from wxray.errors import DataError
-from wxray.verify import open_forecast, open_truth, persistence_forecast, regrid_like, truth_at
-from wxray.verify.forecasts import check_grid
+from wxray.verify.forecasts import check_grid, open_forecast, open_truth, persistence_forecast, regrid_like, truth_at
 
 
 def test_persistence_forecast_follows_the_convention(store):

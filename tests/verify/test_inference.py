@@ -13,23 +13,21 @@ from arch.covariance.kernel import Bartlett
 from scores.stats.statistical_tests import diebold_mariano as scores_dm
 
 from wxray.errors import DataError
-from wxray.verify import (
+from wxray.verify.inference import (
     bartlett_long_run_variance,
+    bias_corrected_lag1,
     block_bootstrap,
+    check_series_length,
     circular_block_indices,
     correlation_length,
     diebold_mariano,
-    lag1_autocorrelation,
-    wilks_block_length,
-)
-from wxray.verify.inference import (
-    bias_corrected_lag1,
-    check_series_length,
     fixed_b_critical_value,
     fixed_b_p_value,
     hac_bandwidth,
     hac_interval,
     jackknife_influence,
+    lag1_autocorrelation,
+    wilks_block_length,
 )
 
 
@@ -248,7 +246,7 @@ def test_default_holds_its_level_where_the_paper_method_does_not(n, phi):
 def _scorecard_inputs(tmp_path):
     from tests.verify.conftest import make_store
     from wxray.data.schema import channels, open_store
-    from wxray.verify import persistence_forecast
+    from wxray.verify.forecasts import persistence_forecast
 
     ds = open_store(make_store(tmp_path / "store.zarr"))
     data = persistence_forecast(ds, ds.time.values[:16], [6], ["2m_temperature"]).load()
@@ -259,7 +257,7 @@ def _scorecard_inputs(tmp_path):
 def test_scorecard_uses_the_chosen_method(tmp_path):
     """The scorecard records its method, and its DM p-value and RMSE interval are the chosen method's own
     functions applied to the per-initialisation loss series (MSE for RMSE) of forecast and baseline."""
-    from wxray.verify import truth_at
+    from wxray.verify.forecasts import truth_at
     from wxray.verify.scorecard import Model, build_scorecard, score_series
 
     ds, data, noisy, chans = _scorecard_inputs(tmp_path)
@@ -313,7 +311,7 @@ def test_fixed_b_needs_six_initialisations_and_gives_sane_intervals_from_there(t
     order of the standard error, not the ~100-400x a capped rho gave."""
     from tests.verify.conftest import make_store
     from wxray.data.schema import channels, open_store
-    from wxray.verify import persistence_forecast
+    from wxray.verify.forecasts import persistence_forecast
     from wxray.verify.scorecard import Model, build_scorecard
 
     ds = open_store(make_store(tmp_path / "store.zarr"))

@@ -16,10 +16,11 @@ from wxray.tune import calibration
 from wxray.tune.results import collect
 from wxray.verify import deterministic as det
 from wxray.verify import ensemble as ens
-from wxray.verify import metrics, persistence_forecast, truth_at
+from wxray.verify import metrics
 from wxray.verify.digest import digest
 from wxray.verify.ensemble_metrics import EnsembleMetric
 from wxray.verify.evaluate import headline
+from wxray.verify.forecasts import persistence_forecast, truth_at
 from wxray.verify.lead_scores import score_per_lead
 from wxray.verify.metric_base import Fields, MeanScore
 from wxray.verify.scorecard import Model, build_scorecard, scorecard_table

@@ -16,8 +16,8 @@ import wxray.verify.plots as plots
 from tests.verify.conftest import make_store, nested_forecast, write_zarr
 from wxray.data.schema import channels, open_store
 from wxray.job import run_job
-from wxray.verify import persistence_forecast
 from wxray.verify.evaluate import EvaluateConfig, evaluate
+from wxray.verify.forecasts import persistence_forecast
 from wxray.verify.scorecard import REL_DIFF_CONVENTION, Model, build_scorecard
 
 LEADS = [6, 12, 18, 24]

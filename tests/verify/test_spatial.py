@@ -7,7 +7,7 @@ import pytest
 import xarray as xr
 
 from wxray.errors import ConfigError, DataError
-from wxray.verify import latitude_weights, region_mask, spatial_mean
+from wxray.verify.spatial import latitude_weights, region_mask, spatial_mean
 
 
 def _field(values, lat, lon):

@@ -16,7 +16,7 @@ import yaml
 from tests.verify.conftest import make_store, run_evaluate, write_zarr
 from wxray.data.schema import open_store
 from wxray.errors import DataError
-from wxray.verify import persistence_forecast
+from wxray.verify.forecasts import persistence_forecast
 from wxray.verify.station_truth import pair_with_truth, read_station_truth
 from wxray.verify.stations import (
     bilinear_at_points,
