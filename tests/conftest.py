@@ -69,7 +69,9 @@ def ray_session(tmp_path_factory):
 
 @pytest.fixture
 def tracking_uri(tmp_path):
-    return f"sqlite:///{tmp_path}/mlflow.db"
+    from tests.mlflow_db import fresh_uri
+
+    return fresh_uri(tmp_path)
 
 
 @pytest.fixture(autouse=True)

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import free_port
+from tests.mlflow_db import fresh_uri
 from wxray import tracking_view
 from wxray.tracking import Tracker, TrackingConfig
 
@@ -39,7 +40,7 @@ def test_view_state_merges_columns_in_pattern_order():
 
 
 def test_every_experiment_has_its_view_and_the_finished_run_adds_columns(tmp_path):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = fresh_uri(tmp_path)
     tracker = _toy_run(uri)
     import mlflow
 
@@ -55,7 +56,7 @@ def test_every_experiment_has_its_view_and_the_finished_run_adds_columns(tmp_pat
 
 
 def test_mlflow_ui_prints_one_link_per_experiment(tmp_path, capsys):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = fresh_uri(tmp_path)
     tracker = _toy_run(uri)
     assert tracking_view.main([uri, "http://127.0.0.1:5000"]) == 0
     out = capsys.readouterr().out
@@ -99,7 +100,7 @@ def _toy_run(uri: str) -> Tracker:
 @pytest.mark.skipif(CHROMIUM is None, reason="needs Chromium (Debian: apt-get install chromium); .ci/run installs it")
 def test_the_printed_links_open_the_runs_table_in_a_fresh_browser(tmp_path):
     sync_playwright = pytest.importorskip("playwright.sync_api").sync_playwright
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = fresh_uri(tmp_path)
     tracker = _toy_run(uri)
     port = free_port()
     ui = subprocess.Popen([str(Path(sys.executable).parent / "mlflow"), "ui", "--app-name", "wxray",

@@ -18,6 +18,7 @@ from tests.forecast.forecast_helpers import (
     save_checkpoint,
     write_forecast_store,
 )
+from tests.mlflow_db import fresh_uri
 from wxray.config import dump_yaml
 from wxray.data.schema import open_store
 from wxray.data.window_data import WindowData
@@ -40,7 +41,7 @@ def test_routing_members_forecast_recomputes_alone_and_evaluates(store, tmp_path
     ckpt, model, spec = save_checkpoint(tmp_path / "ckpt", store, "crop")
     out = tmp_path / "fc"
     rc, res, err = run_captured(capsys, "forecast", ForecastConfig, forecast,
-                                [f"checkpoint={ckpt}", f"out_dir={out}", f"tracking.uri=sqlite:///{tmp_path}/m.db",
+                                [f"checkpoint={ckpt}", f"out_dir={out}", f"tracking.uri={fresh_uri(tmp_path, 'm.db')}",
                                  "members=3", "steps=2", f"inits={TRAJECTORY_1}", "seed=5"])
     assert rc == 0, err
     assert res["members"] == 3 and res["grid"] == "8x16" and res["grid_fit"] == "crop" and res["inits"] == 13

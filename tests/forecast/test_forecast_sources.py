@@ -22,6 +22,7 @@ from tests.forecast.forecast_helpers import (
     save_checkpoint,
     write_forecast_store,
 )
+from tests.mlflow_db import fresh_uri
 from tests.tiny_store import write_tiny_store
 from wxray.config_yaml import load_yaml
 from wxray.data import location
@@ -229,7 +230,7 @@ def test_a_registered_model_forecasts_as_its_checkpoint_does(store, tmp_path, ca
     """The final checkpoint logged as an MLflow model and registered (what train_sparse does at its end), then
     `checkpoint=models:/<name>/<version>` from the registry: the same forecast as from the folder."""
     ckpt, _, spec = save_checkpoint(tmp_path / "ckpt", store, deterministic_eval=True)
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = fresh_uri(tmp_path)
     tracker = Tracker(TrackingConfig(uri=uri, experiment="wxray-train"), "trained")
     example = WindowReader(spec)({"anchor": np.array([2])})
     block = mlflow_model.log_model(tracker, "wxray-test", "reslim", "model: {}\n", checkpoint=ckpt, example=example)

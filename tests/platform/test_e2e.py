@@ -13,6 +13,7 @@ import pytest
 import torch
 import xarray as xr
 
+from tests.mlflow_db import fresh_uri
 from wxray.config import dump_yaml, load_config
 from wxray.data import location
 from wxray.data.e2e_windows import E2EReader, ObsDataConfig, prepare_e2e, time_features
@@ -88,7 +89,7 @@ def _run(job, cfg_cls, main, argv) -> dict:
 def chain(ray_session, small_store, small_obs, tmp_path_factory):
     """The four deterministic stages, tiny, on the small sample store and its streams."""
     stages = tmp_path_factory.mktemp("e2e") / "chain"
-    uri = f"sqlite:///{stages.parent}/mlflow.db"
+    uri = fresh_uri(stages.parent)
     results = {}
     for stage in ("encoder", "processor", "decoder", "chain"):
         # the decoder stage kills a worker once (the loop's fault drill, as every task of it has): Ray Train

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.mlflow_db import fresh_uri
+
 ROOT = Path(__file__).resolve().parents[2]
 
 SCRIPT = r"""
@@ -77,6 +79,7 @@ def test_elastic_run_loses_a_node_continues_smaller_and_finishes(tmp_path):
     # Train notices the loss (a broken gloo link) before Ray has marked the node dead, and may first try the
     # old size again: that attempt gives up after this long (Ray's default: 60 s)
     env["RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"] = "10"
+    fresh_uri(tmp_path, "m.db")  # the job's MLflow store, made before the job opens it
     proc = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path)], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=420)
     timings = [json.loads(ln[8:]) for ln in proc.stdout.splitlines() if ln.startswith("TIMINGS ")]

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from tests.fixture_files import ERAINT
+from tests.mlflow_db import fresh_uri
 from tests.tiny_store import write_tiny_store
 from wxray.data.gridfit import fit_grid
 from wxray.data.schema import open_stats, open_store
@@ -177,7 +178,7 @@ def test_training_on_a_padded_grid_and_its_routing_ensemble(ray_session, tmp_pat
             "data.train_range=2000-01-01/2000-01-06T18", "model.embed_dim=16", "model.depth=3",
             "model.split=[1,1,1]", "model.num_heads=2", "model.keep_ratio=0.5", "data.batch_size=4",
             "train.epochs=1", "train.rollout_steps=2", "train.routing_members=2",
-            f"out_dir={out}", f"tracking.uri=sqlite:///{tmp_path}/m.db"]
+            f"out_dir={out}", f"tracking.uri={fresh_uri(tmp_path, 'm.db')}"]
 
     def result(rc):
         cap = capsys.readouterr()

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.mlflow_db import fresh_uri
 from tests.tiny_store import write_tiny_store
 from wxray.config import load_config
 from wxray.job import run_job
@@ -52,7 +53,7 @@ def test_preset_trains_two_steps(ray_session, preset, tmp_path, capsys):
             "data.target_variables=[geopotential]" if "direct" in preset.stem else "data.target_variables=[]",
             "data.levels=[500]", "data.train_range=", "data.val_range=", "data.test_range=",
             "scaling.use_gpu=false", "scaling.num_workers=1", "train.epochs=1", "train.max_steps_per_epoch=2",
-            "data.batch_size=2", f"out_dir={tmp_path / 'run'}", f"tracking.uri=sqlite:///{tmp_path}/mlflow.db"]
+            "data.batch_size=2", f"out_dir={tmp_path / 'run'}", f"tracking.uri={fresh_uri(tmp_path)}"]
     rc = run_job("train_sparse", TrainSparseConfig, train_sparse, argv)
     cap = capsys.readouterr()
     assert rc == 0, cap.err[-2000:]

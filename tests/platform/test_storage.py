@@ -12,6 +12,7 @@ import mlflow
 import pytest
 import xarray as xr
 
+from tests.mlflow_db import fresh_uri
 from tests.platform.test_trainer import SMALL, _history
 from wxray.config import load_config
 from wxray.data import location
@@ -60,7 +61,7 @@ def test_training_from_a_bucket_checkpoints_into_it_resumes_elsewhere_at_another
     monkeypatch.chdir(tmp_path)  # the wxray home: runs/train_sparse/<run name>
     fs, _ = location.filesystem("s3://wxray-runs")
     fs.mkdir("wxray-runs")
-    db = f"sqlite:///{tmp_path}/mlflow.db"
+    db = fresh_uri(tmp_path)
     # the learned selection: its head's BCE is computed from logits kept inside the sharded forward
     common = [f"data.store={s3_wave_store}", "train.storage=s3://wxray-runs/runs", "run_name=resumable", *SMALL,
               "model.selection=learned", "model.keep_ratio=0.25", "train.log_every=1", "train.rollout_steps=0",

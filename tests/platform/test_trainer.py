@@ -15,6 +15,7 @@ import mlflow
 import pytest
 import torch
 
+from tests.mlflow_db import fresh_uri
 from tests.tiny_store import write_tiny_store
 from wxray.job import run_job
 from wxray.platform.train.config import TrainSparseConfig
@@ -28,7 +29,7 @@ SMALL = ["data.generate_sample=false", "model.embed_dim=32", "model.depth=4", "m
 
 def _run(capsys, store, tmp_path, *extra, console: list | None = None):
     """(exit code, RESULT, stderr) of a training job; its stdout lines are appended to `console` if given."""
-    argv = [f"data.store={store}", f"tracking.uri=sqlite:///{tmp_path}/mlflow.db", *SMALL, *extra]
+    argv = [f"data.store={store}", f"tracking.uri={fresh_uri(tmp_path)}", *SMALL, *extra]
     rc = run_job("train_sparse", TrainSparseConfig, train_sparse, argv)
     cap = capsys.readouterr()
     if console is not None:
@@ -238,7 +239,7 @@ def test_ctrl_c_stops_at_the_next_step_and_the_same_command_resumes(ray_session,
 
     out = tmp_path / "run"
     cmd = [sys.executable, "jobs/train_sparse.py", f"data.store={wave_store}", f"out_dir={out}",
-           f"ray_address={ray.get_runtime_context().gcs_address}", f"tracking.uri=sqlite:///{tmp_path}/mlflow.db",
+           f"ray_address={ray.get_runtime_context().gcs_address}", f"tracking.uri={fresh_uri(tmp_path)}",
            *SMALL, "train.keep_checkpoints=2"]
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     p = subprocess.Popen([*cmd, "train.epochs=200"], cwd=ROOT, env=env, stdout=subprocess.PIPE,

@@ -17,6 +17,7 @@ import pandas as pd
 import pytest
 import yaml
 
+from tests.mlflow_db import fresh_uri
 from wxray.config import dump_yaml
 from wxray.job import prepare, run_job
 from wxray.platform.train.config import TrainSparseConfig
@@ -45,7 +46,7 @@ def _result(out: str) -> dict | None:
 
 @pytest.mark.slow
 def test_sweep_stops_early_tracks_children_and_restores_after_a_kill(wave_store, tmp_path):
-    out, db = tmp_path / "sweep", f"sqlite:///{tmp_path}/m.db"
+    out, db = tmp_path / "sweep", fresh_uri(tmp_path, "m.db")
     argv = [sys.executable, str(ROOT / "jobs/sweep.py"), "--config", str(_sweep_yaml(tmp_path / "s.yaml", wave_store)),
             f"out_dir={out}", f"tracking.uri={db}"]
     env = {**os.environ, "RAY_ADDRESS": ""}

@@ -12,6 +12,7 @@ import pytest
 import xarray as xr
 from mlflow.tracking import MlflowClient
 
+from tests.mlflow_db import fresh_uri
 from tests.verify.conftest import ERA5_MEMBERS, nested_forecast, persistence_file, run_evaluate, write_zarr
 from wxray.data.schema import open_store
 from wxray.job import run_job
@@ -30,7 +31,7 @@ def test_persistence_scorecard_plots_mlflow_and_result(store_path, tmp_path, cap
     monkeypatch.chdir(tmp_path)  # MLflow's default artifact root (./mlruns) is relative to the cwd
     forecast = persistence_file(store_path, tmp_path)
     out_dir = tmp_path / "run"
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    uri = fresh_uri(tmp_path)
     rc, result, err = run_evaluate([f"forecast={forecast}", f"truth={store_path}", f"out_dir={out_dir}",
                             f"tracking.uri={uri}", "n_bootstrap=300"], capsys)
     assert rc == 0, err

@@ -13,6 +13,7 @@ import pytest
 import xarray as xr
 import yaml
 
+from tests.mlflow_db import fresh_uri
 from tests.verify.conftest import make_store, run_evaluate, write_zarr
 from wxray.data.schema import open_store
 from wxray.errors import DataError
@@ -230,7 +231,7 @@ def world(tmp_path_factory):
 
 def test_evaluate_stations_against_the_bilinear_baseline(world, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    out_dir, uri = tmp_path / "run", f"sqlite:///{tmp_path}/mlflow.db"
+    out_dir, uri = tmp_path / "run", fresh_uri(tmp_path)
     rc, result, err = run_evaluate([f"forecast={world['gridded']}", f"truth={world['store']}",
                                     f"stations={world['stations']}", f"station_obs={world['obs']}",
                                     "station_baseline=bilinear", f"out_dir={out_dir}", f"tracking.uri={uri}",
