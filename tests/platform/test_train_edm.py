@@ -7,12 +7,14 @@ import numpy as np
 import pytest
 import xarray as xr
 
+from tests.mlflow_db import fresh_uri
 from tests.platform.test_trainer import _history, _run
 
 
 @pytest.mark.slow
 def test_edm_trains_sharded_and_forecasts_sample_ensembles(ray_session, wave_store, tmp_path, capsys):
     out, console = tmp_path / "edm", []
+    fresh_uri(tmp_path)  # _run's MLflow store
     rc, res, err = _run(capsys, wave_store, tmp_path, f"out_dir={out}", "model.name=edm", "scaling.num_workers=2",
                         "scaling.cpus_per_worker=0.5", "train.epochs=2", "train.routing_members=2",
                         "sampler.steps=2", "sampler.sigma_max=10", "train.cuda_graphs=true",

@@ -28,8 +28,9 @@ SMALL = ["data.generate_sample=false", "model.embed_dim=32", "model.depth=4", "m
 
 
 def _run(capsys, store, tmp_path, *extra, console: list | None = None):
-    """(exit code, RESULT, stderr) of a training job; its stdout lines are appended to `console` if given."""
-    argv = [f"data.store={store}", f"tracking.uri={fresh_uri(tmp_path)}", *SMALL, *extra]
+    """(exit code, RESULT, stderr) of a training job; its stdout lines are appended to `console` if given. Its MLflow
+    store is `tmp_path`/mlflow.db (made by the job unless the caller made it with `fresh_uri`)."""
+    argv = [f"data.store={store}", f"tracking.uri=sqlite:///{tmp_path}/mlflow.db", *SMALL, *extra]
     rc = run_job("train_sparse", TrainSparseConfig, train_sparse, argv)
     cap = capsys.readouterr()
     if console is not None:

@@ -7,7 +7,7 @@ differs from itself alone by float32 rounding (1e-7 relative, measured on the de
 on, a convolution goes to NNPACK, whose tiling also depends on the batch (1e-6 at 16 members, measured by
 benchmarks/bench_rollout.py). PyTorch's native CPU kernels compute each sample the same way whatever the batch:
 within `batch_invariant(device)` oneDNN and NNPACK are off, so batched members are bit-identical to members
-computed one at a time (`tests/platform/test_rollout.py`).
+computed one at a time (`tests/forecast/test_rollout.py`).
 
 On CUDA, cuBLAS and cuDNN choose kernels by shape too and offer no such switch: there only batch_size=1
 guarantees bit-identity (the context is then a no-op).
