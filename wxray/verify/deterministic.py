@@ -12,7 +12,6 @@ from collections.abc import Sequence
 
 import numpy as np
 import xarray as xr
-from scipy.ndimage import gaussian_filter
 
 from wxray.data.schema import GLOBAL, LAT, LON, grid_kind
 from wxray.errors import DataError
@@ -88,6 +87,9 @@ def _ssim_map(x: np.ndarray, y: np.ndarray, sigma: float, k1: float, k2: float,
     # clamped; longitude is periodic on a global grid (no seam at 0 degrees) and clamped like latitude
     # on a regional one, whose west and east edges are not neighbours.
     mode = ("nearest", "wrap" if periodic else "nearest")
+
+    # loaded here, not with the module: every training worker imports the scores' registry, none computes SSIM
+    from scipy.ndimage import gaussian_filter
 
     def smooth(a: np.ndarray) -> np.ndarray:
         return gaussian_filter(a, sigma=sigma, mode=mode, truncate=3.5, axes=(-2, -1))
