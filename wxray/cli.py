@@ -23,7 +23,7 @@ JOBS: dict[str, tuple[str, str, str, str]] = {
     "evaluate": ("evaluate", "wxray.verify.evaluate:EvaluateConfig", "wxray.verify.evaluate:evaluate",
                  "WeatherBench-2-style scorecard of a forecast zarr against a truth store or file"),
     "forecast": ("forecast", "wxray.forecast.job:ForecastConfig",
-                 "wxray.forecast.job:forecast",
+                 "wxray.platform.ensemble.forecast:forecast_job",
                  "forecast with a trained checkpoint (routing ensembles): forecast.zarr + per-lead scores"),
     "train-e2e": ("train_e2e", "wxray.platform.train.stage_config:TrainE2EConfig", "wxray.platform.train.e2e:train_e2e",
                   "train one stage of the end-to-end system (encoder|processor|decoder|chain) on Ray Train"),

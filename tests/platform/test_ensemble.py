@@ -17,7 +17,8 @@ from wxray.forecast.nested import Plan, UnitModels, run_unit
 from wxray.forecast.stages import build_encoder
 from wxray.models import StochasticEncoder
 from wxray.models.registry import build_forecaster
-from wxray.platform.ensemble.actors import actor_capacity, fan_out
+from wxray.platform.cluster.replicas import actor_capacity
+from wxray.platform.ensemble.actors import fan_out
 from wxray.platform.ensemble.store import DONE, EnsembleStore, Layout
 from wxray.platform.train.stage_config import TrainE2EConfig
 from wxray.verify.anova import nested_anova
@@ -227,7 +228,7 @@ def test_actor_capacity_and_requests_no_cluster_meets(ray_session):
     assert actor_capacity(nodes, 1, 0) == 24
     assert actor_capacity(nodes, 2, 0.5) == 8  # GPU-bound on the first node, none on the second
     assert actor_capacity(nodes, 1, 1) == 4
-    from wxray.platform.ensemble.actors import check_fits
+    from wxray.platform.cluster.replicas import check_fits
 
     with pytest.raises(ConfigError, match="num_gpus=1"):
         check_fits(1, 1, 1)  # the test cluster has no GPU: an error, not a wait

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 import xarray as xr
 
-from wxray.config import InPath, PosInt, RunsDir, Seed, from_dict
+from wxray.config import InPath, NonNegInt, PosFloat, PosInt, RunsDir, Seed, from_dict
 from wxray.config_yaml import load_yaml
 from wxray.data import location
 from wxray.data.anchors import choose_inits, parse_range, split_anchors, valid_anchors
@@ -41,8 +41,9 @@ from wxray.data.window_data import DataConfig
 from wxray.data.windows import WindowSpec, fit_spec, make_spec
 from wxray.errors import CheckpointError, ConfigError
 from wxray.forecast import checkpoints, mlflow_model
-from wxray.forecast.forecaster import forecast_and_score, load_forecaster
+from wxray.forecast.forecaster import Runner, auto_batch_size, forecast_and_score, in_process, load_forecaster
 from wxray.forecast.rollout import check_rollout, routing_varies
+from wxray.forecast.workers import ForecastWorkers
 from wxray.job import JobConfig, JobContext, recorded_path
 from wxray.models.compiled import CompileMode, compile_forecaster
 from wxray.models.registry import ModelConfig, SamplerConfig, channel_signature
@@ -60,9 +61,12 @@ class ForecastConfig(JobConfig):
     members: PosInt = 1
     sampler: SamplerConfig = field(default_factory=SamplerConfig)  # edm checkpoints: how a sample is drawn
     seed: Seed = 0  # member m of init t draws from SeedSequence([seed, t in seconds, m]) (rollout.py)
-    # (init, member) samples per forward; on the CPU any member recomputes alone bit for bit whatever the batch
-    # (models/batch_invariance.py), on a GPU only with batch_size=1
-    batch_size: PosInt = 8
+    # (init, member) samples per forward, 0 = from the free memory of a GPU (8 on the CPU); on the CPU any
+    # member recomputes alone bit for bit whatever the batch (models/batch_invariance.py), on a GPU only with 1
+    batch_size: NonNegInt = 0
+    workers: ForecastWorkers = field(default_factory=ForecastWorkers)  # actors=0: in this process; N: Ray actors
+    ray_address: str = ""  # workers.actors > 0: "" = RAY_ADDRESS under ray job submit, else a local cluster
+    ray_timeout_s: PosFloat = 60.0  # give up on an unreachable ray_address after this many seconds
     device: str = "auto"  # auto (a GPU when there is one), cpu, cuda, cuda:1; must exist on this machine
     # torch.compile the forecaster (an edm one: its denoiser) for the rollout: off, default, reduce-overhead (CUDA
     # graphs), max-autotune; pays on a GPU, where a small forward is bound by kernel launches (models/compiled.py)
@@ -205,7 +209,9 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
-def forecast(cfg: ForecastConfig, ctx: JobContext) -> dict[str, Any]:
+def forecast(cfg: ForecastConfig, ctx: JobContext, runner: Runner = in_process) -> dict[str, Any]:
+    """The job; `runner` runs the batches (`wxray.platform.ensemble.forecast` passes Ray actors' when
+    workers.actors > 0)."""
     ckpt = find_checkpoint(cfg.checkpoint, cfg.tracking.uri)
     meta = checkpoints.read_meta(ckpt)
     model_cfg, data_cfg = training_configs(ckpt, meta)
@@ -237,11 +243,13 @@ def forecast(cfg: ForecastConfig, ctx: JobContext) -> dict[str, Any]:
 
     members = list(range(cfg.members)) if cfg.members > 1 else None
     model = compile_forecaster(model.to(device), cfg.compile, device)
+    batch_size = cfg.batch_size or auto_batch_size(model, spec, anchors[:1], device)
     run = forecast_and_score(model, spec, ds, anchors, cfg.steps, ctx.out_dir, tracker, seed=cfg.seed,
-                             batch_size=cfg.batch_size, members=members, device=device,
-                             attrs={"checkpoint": where, "seed": cfg.seed, "store": store})
+                             batch_size=batch_size, members=members, device=device, runner=runner,
+                             attrs={"checkpoint": where, "seed": cfg.seed, "store": store},
+                             on_written=lambda: setattr(ctx, "keep_on_failure", True))  # a re-run continues
     times = ds[TIME].values[anchors]
     return {"forecast": str(run.path), "checkpoint": where, "store": store, "inits": int(len(anchors)),
             "first_init": str(times[0])[:19], "last_init": str(times[-1])[:19], "members": cfg.members,
-            "grid_fit": spec.fit.mode, "grid": f"{spec.kept_grid[0]}x{spec.kept_grid[1]}",
+            "grid_fit": spec.fit.mode, "grid": f"{spec.kept_grid[0]}x{spec.kept_grid[1]}", "batch_size": batch_size,
             "rollout": {"scored_inits": int(len(run.scored)), **run.report}}

@@ -113,6 +113,37 @@ def possible_steps(spec: WindowSpec, steps: int) -> int:
     return steps if one_step_only(spec) is None else min(steps, 1)
 
 
+Sample = tuple[int, int]  # (init index into the anchors, member id)
+
+
+@torch.no_grad()
+def batch_steps(model: torch.nn.Module, spec: WindowSpec, reader: WindowReader, anchors: np.ndarray,
+                init_times: np.ndarray, batch: Sequence[Sample], steps: int, seed: int = 0,
+                device: torch.device | str = "cpu") -> Iterator[np.ndarray]:
+    """One batch of samples (init index a, member id m) rolled out from store windows `anchors[a]`, valid at
+    `init_times[a]` (the seed's coordinate): yields each
+    step's physical forecast on the kept grid, (len(batch), V_out, h, w), step k valid at init + (k+1) * lead.
+    Memory is the batch's state, whatever the steps: the caller writes each step away."""
+    v, h = len(spec.inputs), spec.history
+    rows = np.array([a for a, _ in batch])
+    gens = [coordinate_generator(seed, init_times[a], m) for a, m in batch]
+    # A generative forecaster draws everything (noise, routing) from per-row generators.
+    draws = {"generator": RowGenerators(gens)} if getattr(model, "generative", False) else {}
+    with batch_invariant(device), per_sample_routing(model, gens):  # a member's bits do not depend on its batch
+        x = torch.from_numpy(reader.inputs(np.asarray(anchors)[rows])).to(device)
+        for _ in range(steps):
+            phys = spec.unpad(to_physical(spec, model(x, **draws).float(), x))
+            yield phys.cpu().numpy()
+            state = _normalise_state(spec, spec.pad(phys))
+            x = torch.cat([x[:, v: h * v], state, x[:, h * v:]], dim=1)
+
+
+def samples_of(n_init: int, members: Sequence[int] | None) -> list[Sample]:
+    """Every (init index, member id) of a forecast, init by init (member 0 alone without `members`)."""
+    ids = [0] if members is None else [int(m) for m in members]
+    return [(a, m) for a in range(n_init) for m in ids]
+
+
 @torch.no_grad()
 def rollout(model: torch.nn.Module, spec: WindowSpec, anchors: np.ndarray, steps: int, seed: int = 0,
             batch_size: int = 8, members: Sequence[int] | None = None,
@@ -120,31 +151,23 @@ def rollout(model: torch.nn.Module, spec: WindowSpec, anchors: np.ndarray, steps
     """Physical forecasts on the kept grid, step k valid at anchor + (k+1) * lead:
     (n_init, steps, V_out, h, w), or (n_init, len(members), steps, V_out, h, w) for `members`.
 
-    Only the inputs of each init are read, so an init needs no truth after it. A batch holds
-    `batch_size` (init, member) samples.
+    The whole forecast in memory, for a few inits: the forecast job writes batch by batch instead
+    (`forecast.output`). Only the inputs of each init are read, so an init needs no truth after it. A batch
+    holds `batch_size` (init, member) samples.
     """
     check_rollout(spec, steps)
     model.eval()
     reader = WindowReader(spec)
-    times = open_lazy(spec.store)[TIME].values
+    init_times = open_lazy(spec.store)[TIME].values[anchors]
     ids = [0] if members is None else [int(m) for m in members]
-    v, h = len(spec.inputs), spec.history
     out = np.zeros((len(anchors), len(ids), steps, len(spec.targets), *spec.kept_grid), np.float32)
-    samples = [(i, j) for i in range(len(anchors)) for j in range(len(ids))]
-    with batch_invariant(device):  # a member's bits do not depend on the batch it is in (CPU)
-        for start in tqdm(range(0, len(samples), batch_size), desc="rollout"):
-            chunk = samples[start: start + batch_size]
-            rows, cols = (np.array(a) for a in zip(*chunk, strict=True))
-            x = torch.from_numpy(reader.inputs(anchors[rows])).to(device)
-            gens = [coordinate_generator(seed, times[anchors[i]], ids[j]) for i, j in chunk]
-            # A generative forecaster draws everything (noise, routing) from per-row generators.
-            draws = {"generator": RowGenerators(gens)} if getattr(model, "generative", False) else {}
-            with per_sample_routing(model, gens):
-                for k in range(steps):
-                    phys = spec.unpad(to_physical(spec, model(x, **draws).float(), x))
-                    out[rows, cols, k] = phys.cpu().numpy()
-                    state = _normalise_state(spec, spec.pad(phys))
-                    x = torch.cat([x[:, v: h * v], state, x[:, h * v:]], dim=1)
+    col = {m: j for j, m in enumerate(ids)}
+    samples = samples_of(len(anchors), ids)
+    for start in tqdm(range(0, len(samples), batch_size), desc="rollout"):
+        batch = samples[start: start + batch_size]
+        rows, cols = np.array([a for a, _ in batch]), np.array([col[m] for _, m in batch])
+        for k, phys in enumerate(batch_steps(model, spec, reader, anchors, init_times, batch, steps, seed, device)):
+            out[rows, cols, k] = phys
     return out[:, 0] if members is None else out
 
 

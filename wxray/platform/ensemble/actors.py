@@ -25,57 +25,19 @@ gives it (`placement.device_for_actor`); `nvidia` / `amd` pins them to one vendo
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
 import numpy as np
 import torch
 
-from wxray.errors import ConfigError, WxrayError
+from wxray.errors import WxrayError
 from wxray.forecast.nested import Plan, UnitModels, run_unit
-from wxray.platform.cluster.placement import actor_options, cluster_nodes, device_for_actor
+from wxray.platform.cluster.placement import actor_options
+from wxray.platform.cluster.replicas import actor_device, check_fits
 
 Unit = tuple[int, int, int]  # (run, init index, encoder draw)
-
-
-def actor_capacity(nodes: Iterable[dict[str, float]], num_cpus: float, num_gpus: float) -> int:
-    """How many actors of (num_cpus, num_gpus) the nodes' total resources hold at once."""
-    total = 0
-    for res in nodes:
-        fits = [math.floor(res.get(key, 0.0) / need + 1e-9) for key, need in (("CPU", num_cpus), ("GPU", num_gpus))
-                if need > 0]
-        total += min(fits) if fits else 0
-    return total
-
-
-def check_fits(actors: int, num_cpus: float, num_gpus: float, vendor: str = "any") -> None:
-    """ConfigError unless the live cluster (with vendor != any: that vendor's nodes) can hold `actors` actors of
-    that size at once."""
-    nodes = cluster_nodes()
-    if vendor != "any":
-        nodes = [n for n in nodes if n.vendor == vendor]
-    room = actor_capacity([n.total for n in nodes], num_cpus, num_gpus)
-    if room < actors:
-        cpus = sum(n.total.get("CPU", 0.0) for n in nodes)
-        gpus = sum(n.total.get("GPU", 0.0) for n in nodes)
-        where = "the cluster" if vendor == "any" else f"the cluster's {vendor} nodes"
-        raise ConfigError(f"actors={actors} of num_cpus={num_cpus:g}, num_gpus={num_gpus:g} each: {where} "
-                          f"({len(nodes)} node(s), {cpus:g} CPU, {gpus:g} GPU) hold at most {room}; lower "
-                          "actors or the per-actor resources")
-
-
-def largest_node_memory() -> float | None:
-    """Bytes of Ray's `memory` resource on the cluster's largest node (None: not connected)."""
-    mem = [n.total.get("memory", 0.0) for n in cluster_nodes()]
-    return max(mem) if mem and max(mem) > 0 else None
-
-
-def _device(name: str) -> str:
-    if name != "auto":
-        return name
-    return str(device_for_actor())
 
 
 class _Worker:
@@ -90,7 +52,7 @@ class _Worker:
     def __init__(self, plans: Sequence[Plan], device: str, threads: int):
         if threads > 0:
             torch.set_num_threads(threads)
-        self.device = _device(device)
+        self.device = actor_device(device)
         self.plans = plans
         self.models: UnitModels | None = None
 

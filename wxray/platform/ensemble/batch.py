@@ -20,15 +20,14 @@ An interrupted run continues where it stopped when re-run with the same `out_dir
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 import numpy as np
 
-from wxray.config import InPath, NonNegFloat, NonNegInt, PosFloat, PosInt, Range, RunsDir, Seed
+from wxray.config import InPath, PosFloat, PosInt, Range, RunsDir, Seed
 from wxray.console import say
 from wxray.data.anchors import choose_inits, parse_range, rollout_anchors
 from wxray.data.e2e_windows import E2EReader
@@ -39,9 +38,11 @@ from wxray.forecast.mlflow_model import local_stages
 from wxray.forecast.nested import Members, Plan, UnitModels
 from wxray.forecast.rollout import routing_varies
 from wxray.forecast.stages import StationSet
+from wxray.forecast.workers import WorkersConfig
 from wxray.job import JobConfig, JobContext
+from wxray.platform.cluster.replicas import check_fits, largest_node_memory
 from wxray.platform.cluster.session import ensure_ray
-from wxray.platform.ensemble.actors import check_fits, fan_out, largest_node_memory
+from wxray.platform.ensemble.actors import fan_out
 from wxray.platform.ensemble.report import analyse, summary_line
 from wxray.platform.ensemble.store import EnsembleStore, Layout
 from wxray.sizes import check_disk, check_memory
@@ -63,24 +64,6 @@ class MembersConfig(Members):
 
 
 @dataclass
-class ActorConfig:
-    actors: PosInt = 2  # model replicas (Ray actors); each computes whole units
-    num_cpus: Annotated[float, Range(0)] = 1.0  # CPUs per actor (also its torch threads when num_gpus = 0)
-    num_gpus: NonNegFloat = 0.0  # GPUs per actor, whole or fractional (0.5: two replicas share a GPU)
-    vendor: Literal["any", "nvidia", "amd"] = "any"  # any: actors on NVIDIA and AMD nodes at once
-    device: str = "auto"  # auto = the actor's GPU when it has one, else cpu; cuda / cuda:<i> need num_gpus > 0
-    max_restarts: NonNegInt = 3  # an actor that dies is restarted this often; its units are retried
-
-    def validate(self) -> None:
-        # Checked here, on the driver: an actor that cannot reach its device fails only after the work started.
-        if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device):
-            raise ConfigError(f"config key 'workers.device' expects auto, cpu, cuda or cuda:<i>, got {self.device!r}")
-        if self.device.startswith("cuda") and self.num_gpus == 0:
-            raise ConfigError(f"config key 'workers.device' is {self.device!r} but workers.num_gpus=0: an actor sees "
-                              "a GPU only when it asks for one (set workers.num_gpus, or workers.device=auto)")
-
-
-@dataclass
 class EnsembleConfig(JobConfig):
     stages: RunsDir = "runs/train_e2e/e2e"  # stages folder of train_e2e + finetune_stochastic (or a URL, models:/...)
     store: InPath = ""  # "" = the store the stages were trained on
@@ -92,7 +75,7 @@ class EnsembleConfig(JobConfig):
     dropout: Annotated[float, Range(-1, 1, hi_open=True)] = -1.0  # inference dropout p; -1 = as finetuned
     seed: Seed = 0  # every draw from SeedSequence([seed, t, source, i(, j(, k))]) (forecast/seeds.py)
     keep_members: bool = True  # false: only the streamed moments (moments.zarr), no forecast.zarr
-    workers: ActorConfig = field(default_factory=ActorConfig)
+    workers: WorkersConfig = field(default_factory=WorkersConfig)
     ray_address: str = ""  # "" = RAY_ADDRESS under ray job submit, else a local cluster
     ray_timeout_s: PosFloat = 60.0  # give up on an unreachable ray_address after this many seconds
     plots: bool = True  # variance maps and curves (PNG) in plots/ and MLflow

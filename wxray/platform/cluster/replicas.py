@@ -1,0 +1,129 @@
+"""Work on model replicas held by Ray actors: any picklable work object (a `forecast.forecaster.BatchWriter`:
+model, store and seeds) is sent to `actors` actors once, each moves it to its device, and the items (batches of
+(init, member) samples) are handed out two at a time per actor and yielded back as they finish, in any order.
+
+The work writes its own output where every actor can reach it (the one forecast.zarr, by region); only a
+small result (the batch written) comes back, so the driver's memory does not grow with the output. Failures:
+an actor that dies is restarted (`max_restarts`) and its in-flight items are retried; the items' draws derive
+from their coordinates (`forecast/seeds.py`), so a recomputed item is bit-identical.
+
+Resources: `num_cpus` / `num_gpus` per actor (whole or fractional), checked against the live nodes before any
+actor is made, so a request no cluster can meet is an error, not a wait; `vendor=any` lets actors sit on
+NVIDIA and AMD nodes at once (`placement.actor_options`), each on the device its node gives it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+import torch
+
+from wxray.errors import ConfigError, WxrayError
+from wxray.forecast.workers import WorkersConfig
+from wxray.platform.cluster.placement import actor_options, cluster_nodes, device_for_actor
+
+
+def actor_capacity(nodes: Iterable[dict[str, float]], num_cpus: float, num_gpus: float) -> int:
+    """How many actors of (num_cpus, num_gpus) the nodes' total resources hold at once."""
+    total = 0
+    for res in nodes:
+        fits = [math.floor(res.get(key, 0.0) / need + 1e-9) for key, need in (("CPU", num_cpus), ("GPU", num_gpus))
+                if need > 0]
+        total += min(fits) if fits else 0
+    return total
+
+
+def check_fits(actors: int, num_cpus: float, num_gpus: float, vendor: str = "any") -> None:
+    """ConfigError unless the live cluster (with vendor != any: that vendor's nodes) can hold `actors` actors of
+    that size at once."""
+    nodes = cluster_nodes()
+    if vendor != "any":
+        nodes = [n for n in nodes if n.vendor == vendor]
+    room = actor_capacity([n.total for n in nodes], num_cpus, num_gpus)
+    if room < actors:
+        cpus = sum(n.total.get("CPU", 0.0) for n in nodes)
+        gpus = sum(n.total.get("GPU", 0.0) for n in nodes)
+        where = "the cluster" if vendor == "any" else f"the cluster's {vendor} nodes"
+        raise ConfigError(f"actors={actors} of num_cpus={num_cpus:g}, num_gpus={num_gpus:g} each: {where} "
+                          f"({len(nodes)} node(s), {cpus:g} CPU, {gpus:g} GPU) hold at most {room}; lower "
+                          "actors or the per-actor resources")
+
+
+def largest_node_memory() -> float | None:
+    """Bytes of Ray's `memory` resource on the cluster's largest node (None: not connected)."""
+    mem = [n.total.get("memory", 0.0) for n in cluster_nodes()]
+    return max(mem) if mem and max(mem) > 0 else None
+
+
+def actor_device(name: str) -> str:
+    """`workers.device` inside an actor: auto is the actor's own GPU when Ray gave it one, else cpu."""
+    return str(device_for_actor()) if name == "auto" else name
+
+
+class _Replica:
+    """One replica of the work; `run` does one item. The work comes with every call as a reference wrapped in
+    a list (Ray does not fetch it each time) and is fetched on the first, so a restarted actor fetches it again
+    on its retried call (ray-project/ray#53727: constructor arguments of a restarted actor)."""
+
+    def __init__(self, device: str, threads: int):
+        if threads > 0:
+            torch.set_num_threads(threads)
+        self.device = actor_device(device)
+        self.work = None
+
+    def run(self, work: list[Any], item: Any) -> Any:
+        if self.work is None:
+            import ray
+
+            self.work = ray.get(work[0]).to(self.device)
+        return self.work(item)
+
+
+class ReplicaRunner:
+    """`runner(work, items)`: the items done on `workers.actors` replicas of `work`, yielded as they finish."""
+
+    def __init__(self, workers: WorkersConfig):
+        self.workers = workers
+
+    def __call__(self, work: Any, items: Sequence[Any]) -> Iterator[Any]:
+        import ray
+
+        if not items:
+            return
+        w = self.workers
+        actors = min(w.actors, len(items))
+        check_fits(actors, w.num_cpus, w.num_gpus, w.vendor)
+        ref = ray.put(work)
+        threads = max(1, int(w.num_cpus)) if w.num_gpus == 0 else 0
+        cls = ray.remote(_Replica).options(num_cpus=w.num_cpus, max_restarts=w.max_restarts,
+                                           max_task_retries=w.max_restarts,
+                                           **actor_options(w.num_gpus, w.vendor, key="workers.num_gpus"))
+        handles = [cls.remote(w.device, threads) for _ in range(actors)]
+        queue, pending, finished = list(items), {}, 0
+
+        def submit(k: int) -> None:
+            pending[handles[k].run.remote([ref], queue.pop(0))] = k
+
+        try:
+            for k in range(actors):
+                for _ in range(2):  # one in flight while the other runs: an actor never waits for the driver
+                    if queue:
+                        submit(k)
+            while pending:
+                [ready], _ = ray.wait(list(pending), num_returns=1)
+                k = pending.pop(ready)
+                try:
+                    result = ray.get(ready)
+                except ray.exceptions.RayActorError as e:
+                    raise WxrayError(f"a forecast actor died more than workers.max_restarts={w.max_restarts} "
+                                     f"times ({type(e).__name__}); re-run into the same out_dir to continue from "
+                                     f"the {finished} batch(es) written") from None
+                finished += 1
+                yield result
+                if queue:
+                    submit(k)
+        finally:
+            for h in handles:
+                ray.kill(h)
