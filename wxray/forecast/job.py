@@ -16,6 +16,10 @@ the vectors meta.json keeps (`normalisation`), or for older checkpoints the trai
 run's provenance (provenance.json, summary.json) names the store's fingerprint and the checkpoint's own
 provenance.
 
+forecast.zarr is written as it is made, batch by batch (`output.py`: memory is one batch whatever the inits,
+members and leads); a stopped run continues where it stopped when the same command is run again, and with
+`workers.actors=N` the batches run on N Ray actors all writing the one store (`wxray.platform.ensemble.forecast`).
+
 `members` = M > 1 forecasts every init M times, member m drawing its token selection from a
 generator seeded by (seed, init time, m) (rollout.py), so a member can be recomputed alone; M = 1 is
 the plain deterministic forecast (member 0, no `member` dim). A generative (model.name=edm) checkpoint
