@@ -178,6 +178,7 @@ def test_training_on_a_padded_grid_and_its_routing_ensemble(ray_session, tmp_pat
             "data.train_range=2000-01-01/2000-01-06T18", "model.embed_dim=16", "model.depth=3",
             "model.split=[1,1,1]", "model.num_heads=2", "model.keep_ratio=0.5", "data.batch_size=4",
             "train.epochs=1", "train.rollout_steps=2", "train.routing_members=2",
+            "forecast_workers.actors=1",  # the forecast after training on a Ray actor holding the final model
             f"out_dir={out}", f"tracking.uri={fresh_uri(tmp_path, 'm.db')}"]
 
     def result(rc):

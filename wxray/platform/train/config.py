@@ -8,6 +8,7 @@ from typing import Annotated
 from wxray.config import Fraction, InPath, NonNegFloat, NonNegInt, PosFloat, PosInt, Range, RunsDir, Seed
 from wxray.data.window_data import DataConfig
 from wxray.errors import ConfigError
+from wxray.forecast.workers import ForecastWorkers
 from wxray.job import JobConfig
 from wxray.models.compiled import CompileBackend, CompileMode, compile_mode
 from wxray.models.registry import ModelConfig, SamplerConfig
@@ -73,6 +74,8 @@ class TrainSparseConfig(JobConfig):
     train: LoopConfig = field(default_factory=LoopConfig)
     scaling: ScalingCfg = field(default_factory=ScalingCfg)
     sampler: SamplerConfig = field(default_factory=SamplerConfig)  # model.name=edm: validation and rollout
+    # the forecast after training: actors=0 on the driver, N on N Ray actors holding the final model
+    forecast_workers: ForecastWorkers = field(default_factory=ForecastWorkers)
     ray_address: str = ""  # Ray cluster (host:port); "" = RAY_ADDRESS (ray job submit) or a new local one
     ray_timeout_s: PosFloat = 60.0  # give up on an unreachable ray_address after this many seconds
     # the final checkpoint is logged as the run's MLflow model (mlflow_model.py)

@@ -20,10 +20,11 @@ from wxray.console import say
 from wxray.data.anchors import rollout_anchors
 from wxray.data.schema import INIT, LAT, LEAD, LON, TIME, open_store
 from wxray.data.window_data import WindowData
-from wxray.forecast.forecaster import forecast_and_score, load_forecaster
+from wxray.forecast.forecaster import forecast_and_score, in_process, load_forecaster
 from wxray.forecast.rollout import possible_steps, routing_varies
 from wxray.io import atomic_path
 from wxray.job import JobContext
+from wxray.platform.cluster.replicas import ReplicaRunner
 from wxray.platform.train.config import TrainSparseConfig
 
 
@@ -91,7 +92,8 @@ def evaluate_checkpoint(cfg: TrainSparseConfig, data: WindowData, ckpt_dir: Path
         say(note["note"])
         n_members = 1
     members = list(range(n_members)) if n_members > 1 else None
+    runner = ReplicaRunner(cfg.forecast_workers) if cfg.forecast_workers.actors else in_process
     run = forecast_and_score(model, spec, ds, anchors, steps, out_dir, ctx.tracker, seed=cfg.train.seed,
-                             batch_size=cfg.data.batch_size, members=members)
+                             batch_size=cfg.data.batch_size, members=members, runner=runner)
     ctx.tracker.log_artifact(forecast_map(out_dir, run.forecast, ds, spec, split))
     return {"rollout": {"split": split, **run.report, **note}, "forecast": str(run.path)}
