@@ -10,7 +10,13 @@ import pytest
 import xarray as xr
 import zarr
 
-from tests.forecast.forecast_helpers import TRAJECTORY_1, anchors_of, run_captured, save_checkpoint, write_forecast_store
+from tests.forecast.forecast_helpers import (
+    TRAJECTORY_1,
+    anchors_of,
+    run_captured,
+    save_checkpoint,
+    write_forecast_store,
+)
 from tests.mlflow_db import fresh_uri
 from wxray.forecast import forecaster, output
 from wxray.forecast.job import ForecastConfig, forecast
