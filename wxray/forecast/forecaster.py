@@ -146,7 +146,7 @@ def forecast_and_score(model: torch.nn.Module, spec: WindowSpec, ds: xr.Dataset,
         say(f"{store.partial}: {len(done)} of {len(samples)} sample(s) written by an earlier run, continuing")
     batches = [todo[i: i + batch_size] for i in range(0, len(todo), batch_size)]
     writer = BatchWriter(model, spec, store, anchors, steps, seed, device)
-    with tqdm(total=len(samples), initial=len(samples) - len(todo), desc="forecast", unit="sample") as bar:
+    with tqdm(total=len(samples), initial=len(samples) - len(todo), desc="rollout", unit="sample") as bar:
         for batch in runner(writer, batches):
             store.record(batch)
             bar.update(len(batch))
