@@ -15,10 +15,11 @@ Layout (the forecast convention, zarr v2 with consolidated metadata and CF attri
 * `lead_chunk` = as many leads as keep a chunk under `CHUNK_BYTES`, at most `MAX_LEAD_CHUNK`: 4 leads of a
   0.25-degree field (4.2 MB each), 8 of anything smaller. A batch holds that many leads before writing them.
 
-While a run goes the store is `forecast.zarr.partial` beside `samples_done.json` (the run's fingerprint and the
-samples whose every lead is written, each listed only after its chunks are). A re-run into the same directory
-with the same fingerprint makes only the samples not listed; one with another fingerprint is refused; when
-every sample is in, the store is renamed `forecast.zarr`: a store under the final name is always complete
+While a run goes the store is `forecast.zarr.partial` beside `samples_done.jsonl` (a first line with the
+run's fingerprint, then one line per batch whose every lead is written, appended only after its chunks are:
+the driver's cost per batch does not grow with the run; a line cut short by a crash is ignored). A re-run into
+the same directory with the same fingerprint makes only the samples not listed; one with another fingerprint is
+refused; when every sample is in, the store is renamed `forecast.zarr`: a store under the final name is always complete
 (`wxray_fingerprint` in its attributes says which run wrote it, and a re-run of that run computes nothing).
 """
 
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,9 +44,9 @@ from wxray.data.schema import INIT, LAT, LEAD, LEVEL, LON, MEMBER
 from wxray.data.windows import WindowSpec
 from wxray.errors import DataError
 from wxray.forecast.rollout import Sample
-from wxray.io import atomic_path, write_json
+from wxray.io import atomic_path
 
-NAME, DONE = "forecast.zarr", "samples_done.json"
+NAME, DONE = "forecast.zarr", "samples_done.jsonl"
 FINGERPRINT = "wxray_fingerprint"
 CHUNK_BYTES = 16 * 2**20
 MAX_LEAD_CHUNK = 8
@@ -155,36 +157,53 @@ class ForecastStore:
             self.done = set(self.layout.samples())
             return set(self.done)
         if done_file.is_file():
-            state = json.loads(done_file.read_text())
-            if state.get("fingerprint") != self.fingerprint or not self.partial.is_dir():
+            text = done_file.read_text()
+            if not text.endswith("\n"):  # a crash cut the last line short: the next line starts afresh
+                with open(done_file, "a") as f:
+                    f.write("\n")
+            head, *batches = text.splitlines()
+            theirs = json.loads(head).get("fingerprint")
+            if theirs != self.fingerprint or not self.partial.is_dir():
                 raise DataError(f"{self.out_dir}: holds a partial forecast with other settings (fingerprint "
-                                f"{state.get('fingerprint')} != {self.fingerprint}); give another out_dir")
-            self.done = {(int(a), int(m)) for a, m in state["done"]}
+                                f"{theirs} != {self.fingerprint}); give another out_dir")
+            for line in batches:
+                try:
+                    self.done.update((int(a), int(m)) for a, m in json.loads(line))
+                except ValueError:  # the line a crash cut short: its batch is made again
+                    continue
             return set(self.done)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.layout.template().to_zarr(self.partial, mode="w", compute=False, zarr_format=2, consolidated=True)
-        write_json(done_file, {"fingerprint": self.fingerprint, "done": []})
+        with atomic_path(done_file) as tmp:
+            tmp.write_text(json.dumps({"fingerprint": self.fingerprint}) + "\n")
         return set()
 
     def write(self, batch: Sequence[Sample], k0: int, block: np.ndarray) -> None:
         """Leads k0 .. k0 + L - 1 of the samples `batch`: block (len(batch), L, V_out, h, w), L a whole lead
-        chunk (or the last leads). Each sample's chunks are replaced whole."""
+        chunk (or the last leads). Each sample's chunks are replaced whole; consecutive members of one init
+        go in one write (zarr writes their chunks concurrently)."""
         if self._root is None:
             self._root = zarr.open_group(str(self.partial), mode="r+", zarr_format=2)
         lay = self.layout
         leads = slice(k0, k0 + block.shape[1])
-        for b, (a, m) in enumerate(batch):
+        for start, stop in _runs(batch, lay):
+            a, m0 = batch[start][0], lay.member_index(batch[start][1])
+            part = np.moveaxis(block[start:stop], 0, 1)  # (L, samples, V_out, h, w): the store's lead-member order
             for var, idx, levels in lay.groups():
-                values = block[b][:, idx] if levels is not None else block[b][:, idx[0]]
+                values = part[:, :, idx] if levels is not None else part[:, :, idx[0]]
                 if lay.members is None:
-                    self._root[var][a, leads] = values
+                    self._root[var][a, leads] = values[:, 0]
                 else:
-                    self._root[var][a, leads, lay.member_index(m)] = values
+                    self._root[var][a, leads, m0: m0 + stop - start] = values
 
     def record(self, batch: Iterable[Sample]) -> None:
         """`batch` has every lead written: listed, so a re-run skips it."""
+        batch = list(batch)
         self.done.update(batch)
-        write_json(self.out_dir / DONE, {"fingerprint": self.fingerprint, "done": sorted(self.done)})
+        with open(self.out_dir / DONE, "a") as f:
+            f.write(json.dumps([[int(a), int(m)] for a, m in batch]) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
 
     def finish(self) -> Path:
         """Rename the complete partial store to forecast.zarr (an older one is replaced), drop the list."""
@@ -196,3 +215,14 @@ class ForecastStore:
                 self.partial.rename(tmp)
         (self.out_dir / DONE).unlink(missing_ok=True)
         return self.final
+
+
+def _runs(batch: Sequence[Sample], layout: ForecastLayout) -> list[tuple[int, int]]:
+    """[start, stop) of the batch's runs of one init's consecutive members."""
+    runs, start = [], 0
+    for k in range(1, len(batch) + 1):
+        if k == len(batch) or batch[k][0] != batch[k - 1][0] or \
+                layout.member_index(batch[k][1]) != layout.member_index(batch[k - 1][1]) + 1:
+            runs.append((start, k))
+            start = k
+    return runs
