@@ -1,18 +1,19 @@
 """The embedded default dataset: spherical shallow-water flow from torch-harmonics — NOT ERA5.
 
-`generate_sample` integrates the shallow-water equations with
-`torch_harmonics.examples.ShallowWaterSolver` (spectral, third-order Adams-Bashforth with implicit
-hyperdiffusion) on an equiangular grid with poles (32x64 by default) for several independent
-trajectories, all stepped together as one batch by `batched_timestep` (the solver's own operators and
-`dudtspec` / `timestep` scheme, vectorised over trajectories; it reproduces `ShallowWaterSolver.timestep`
-to round-off, see the tests). Each trajectory starts from its own random, nonlinearly balanced state
-drawn from `numpy.random.default_rng([seed, k])`: two zonal jets of random latitude, width and speed,
-random eddies (streamfunction spectrum peaked near total wavenumber 5) and a few unbalanced height
-bumps; `spinup_days` are integrated and discarded, then every 6 h one step is kept. Variables (dims
-time, latitude, longitude; float32): `geopotential` (g*h of the layer, m2 s-2), `u_component_of_wind`,
-`v_component_of_wind` (m s-1), `vorticity` (relative, s-1). Times are 6-hourly from 2000-01-01T00 and
-continue across trajectories; the `trajectory` coordinate keeps windows inside
-one run. The solver's grid runs north to south: it is flipped so latitude ascends.
+`generate_sample` integrates the shallow-water equations with `torch_harmonics.examples.ShallowWaterSolver`
+(spectral, third-order Adams-Bashforth with implicit hyperdiffusion) on an equiangular grid with poles (32x64
+by default) for several independent trajectories, all stepped together as one batch by `batched_timestep` (the
+solver's own operators and `dudtspec` / `timestep` scheme, vectorised over trajectories; it reproduces
+`ShallowWaterSolver.timestep` to round-off, see the tests). Each 6 h step is `substeps(nlat)` solver steps, a
+count set by the stability of that scheme on the fastest resolved gravity wave (it grows faster than nlat).
+Each trajectory starts from its own random, nonlinearly balanced state drawn from
+`numpy.random.default_rng([seed, k])`: two zonal jets of random latitude, width and speed, random eddies
+(streamfunction spectrum peaked near total wavenumber 5) and a few unbalanced height bumps; `spinup_days` are
+integrated and discarded, then every 6 h one step is kept. Variables (dims time, latitude, longitude;
+float32): `geopotential` (g*h of the layer, m2 s-2), `u_component_of_wind`, `v_component_of_wind` (m s-1),
+`vorticity` (relative, s-1). Times are 6-hourly from 2000-01-01T00 and continue across trajectories; the
+`trajectory` coordinate keeps windows inside one run. The solver's grid runs north to south: it is flipped so
+latitude ascends.
 
 Deterministic for a seed (float64 solver, one torch thread during generation).
 """
@@ -47,6 +48,12 @@ START = "2000-01-01T00:00"
 DEFAULT_GRID = (32, 64)
 DEFAULT_DAYS = 25  # x 4 trajectories x 4 steps a day = 400 steps
 DEFAULT_TRAJECTORIES = 4
+# For `substeps`: the solver's constants (passed to it explicitly: the count is needed before it exists) and the
+# stability of its scheme, AB3 with implicit hyperdiffusion, on an oscillation of frequency w.
+RADIUS, GRAVITY, HAVG = 6.37122e6, 9.80616, 10.0e3  # m, m s-2, m (mean layer depth)
+AB3_SLOPE = 2.09  # AB3 is stable while w*dt <= 0.7236; past it ln|z| per step grows 2.09 per unit of w*dt
+COURANT = 0.63  # ~0.7236 * c / (c + 45 m/s), c = sqrt(g H): room for the jets' Doppler shift
+HYPERDIFF_TAU = 7200.0  # s: torch-harmonics' hyperdiffusion e-folds the truncation degree in 2 h, whatever dt
 
 
 @dataclass
@@ -75,16 +82,34 @@ def _one_thread() -> Iterator[None]:
         torch.set_num_threads(n)
 
 
+def substeps(nlat: int) -> int:
+    """Solver steps per 6 h step: n = max(ceil(6 h / (900 s * 32/nlat)), ceil(6 h * (w - 1/(tau S)) / C)).
+
+    w = sqrt(g H L (L-1)) / R is the fastest resolved gravity wave (degree L-1, L = (nlat + 1) // 2). Once w dt
+    passes 0.72, AB3 grows it by ln|z| ~ S (w dt - 0.72) a step while the implicit hyperdiffusion takes dt/tau
+    off it a step; the invariant kept is w dt <= C + (dt/tau)/S, C = 0.63 leaving room for the jets' Doppler
+    shift. The damping credit dt/tau shrinks with dt, so n grows faster than nlat: 24 (900 s) at 32x64 as
+    before; 51 at 64x128 and 105 at 128x256, where the former 900 s * 32/nlat (48, 96) held w dt near 0.7 as at
+    32x64: twice the steps an hour, twice AB3's growth an hour against the same damping, and a blow-up within
+    days. The first term keeps coarser grids as they were (16x32: 12). Checked: 36 trajectories x 30 days at
+    32x64, 32 x 10 days at 64x128 and 16 x 4 days at 128x256 stay smooth; 23 steps at 32x64 lose 8 of 32.
+    """
+    ell = (nlat + 1) // 2
+    w = math.sqrt(GRAVITY * HAVG * ell * (ell - 1)) / RADIUS
+    cfl = math.ceil(STEP_S * (w - 1.0 / (HYPERDIFF_TAU * AB3_SLOPE)) / COURANT)
+    return max(math.ceil(STEP_S / (900.0 * 32 / nlat)), cfl)
+
+
 def _solver(nlat: int, nlon: int):
     import torch  # noqa: F401  (torch-harmonics needs it)
     from torch_harmonics.examples import ShallowWaterSolver
 
     lmax = (nlat + 1) // 2
-    n_sub = max(1, math.ceil(STEP_S / (900.0 * 32 / nlat)))  # ~900 s at 32 latitudes, CFL-scaled
+    n_sub = substeps(nlat)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         s = ShallowWaterSolver(nlat, nlon, STEP_S / n_sub, lmax=lmax, mmax=min(lmax, nlon // 2 + 1),
-                               grid="equiangular")
+                               grid="equiangular", radius=RADIUS, gravity=GRAVITY, havg=HAVG)
     return s, n_sub
 
 
@@ -183,15 +208,16 @@ def generate_sample(grid: tuple[int, int] = DEFAULT_GRID, days: int = DEFAULT_DA
         state = torch.stack([_initial_state(s, rng) for rng in rngs])
         with tqdm(total=steps + 4 * spinup_days, desc="shallow water", unit="6h",
                   disable=None if progress is None else not progress) as bar:
-            for _ in range(4 * spinup_days):
+            for i in range(-4 * spinup_days, steps):
                 state = batched_timestep(s, state, n_sub)
+                if not bool(torch.isfinite(state).all()):  # stop at once, not after the whole run
+                    raise DataError(f"shallow-water sample: the integration became unstable (non-finite values "
+                                    f"at day {(i + 4 * spinup_days + 1) / 4:g} of grid {nlat}x{nlon}, seed {seed})")
+                if i >= 0:
+                    out[:, i::steps] = _fields(s, state).transpose(1, 0, 2, 3)
                 bar.update()
-            for i in range(steps):
-                state = batched_timestep(s, state, n_sub)
-                out[:, i::steps] = _fields(s, state).transpose(1, 0, 2, 3)
-                bar.update()
-        if not np.all(np.isfinite(out)):
-            raise DataError("shallow-water sample: the integration became unstable (non-finite values)")
+        if not np.all(np.isfinite(out)):  # finite float64 states can still overflow float32
+            raise DataError(f"shallow-water sample: values beyond float32 in grid {nlat}x{nlon}, seed {seed}")
         lat = np.degrees(s.lats.numpy())
         lon = np.degrees(s.lons.numpy())
     order = np.argsort(lat)  # solver grid runs north -> south; the store's latitude ascends
