@@ -259,6 +259,7 @@ def build_scorecard(forecast: Model, truth: xr.Dataset, channels: list[Channel],
     tasks = _tasks(models, metric_sets, truth, climatology if has_clim else None, channels, cfg, plan)
     results = iter((map_blocks or block_map(workers))(score_block, tasks))
     n_blocks = len(plan.init_slices(len(inits)))
+    grid = truth[LAT].values, truth[LON].values
     # only on a terminal (None: off when stderr is not one); cleared before an error, so that stays one line
     bar = tqdm(total=len(channels) * len(leads), desc="scoring", unit="lead", disable=None if progress else True)
     try:
@@ -275,7 +276,6 @@ def build_scorecard(forecast: Model, truth: xr.Dataset, channels: list[Channel],
                 row, n_init[c, j], block[c, j] = _score_lead(sums.series(), metric_sets, what, cfg, rng)
                 for k, v in row.items():
                     rows.setdefault(k, []).append(v)
-                grid = truth[LAT].values, truth[LON].values
                 for k, v in maps_from_sums(sums.sums, *grid).items():
                     maps_.setdefault(k, []).append(v)
                 hists.append(histogram_from_counts(sums.counts) if sums.counts is not None else None)

@@ -27,7 +27,7 @@ from wxray.data.schema import INIT, LAT, LON
 from wxray.verify.blocks import bands
 from wxray.verify.ensemble_metrics import lead_sums
 from wxray.verify.metric_base import Fields, Metric
-from wxray.verify.spatial import PART, Band, from_parts
+from wxray.verify.spatial import PART, PARTS, Band, from_parts
 from wxray.verify.sums import TimeSum
 
 
@@ -121,7 +121,7 @@ def _banded(task: BlockTask) -> BlockResult:
     acc = _Bands([{} for _ in range(n)], [[] for _ in range(n)])
     for rows in bands(lat.size, task.rows):
         _score_band(task, rows, Band.of(lat, lon, task.region, rows), acc)
-    series = [{k: np.asarray(from_parts(xr.DataArray(v, dims=(PART, INIT), coords={PART: ["sum", "weight"]})))
+    series = [{k: np.asarray(from_parts(xr.DataArray(v, dims=(PART, INIT), coords={PART: list(PARTS)})))
                for k, v in parts.items()} for parts in acc.parts]
     whole = [[m for m in ms if not m.banded] for ms in task.metric_sets]
     if any(whole):  # ACC, SSIM: the whole ensemble-mean field (no members), truth and climatology
