@@ -87,8 +87,9 @@ class EvaluateConfig(JobConfig):
     # members; 0 takes as many as block_mib MiB of float64 members, truth and climatology hold (latitude bands
     # where one init exceeds it). Peak memory is a few block_mib per worker, whatever the inits or members.
     init_block: NonNegInt = 0  # inits per scoring block (0: as many as block_mib holds)
-    block_mib: Annotated[float, Range(0, None, True)] = float(DEFAULT_BLOCK_MIB)  # MiB of fields per block
-    workers: PosInt = 1  # processes scoring blocks (1: this one); the scorecard does not depend on it
+    # MiB of float64 members, truth and climatology per block; scoring holds ~4-5 blocks per worker
+    block_mib: Annotated[float, Range(0, None, True)] = float(DEFAULT_BLOCK_MIB)
+    workers: PosInt = 1  # processes scoring blocks (1: this one); the scorecard is the same for any number
     stations: InPath = ""  # station forecast Parquet: init_time, lead_time [h], station, lat, lon, variable, value
     station_obs: InPath = ""  # obs dir (obs.yaml + point streams) whose `station_stream` is the station truth
     station_stream: str = "stations"  # the point stream of station_obs scored against (quality 0 observations)

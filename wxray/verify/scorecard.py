@@ -236,8 +236,8 @@ def build_scorecard(forecast: Model, truth: xr.Dataset, channels: list[Channel],
     `progress`: a progress bar over channels x leads (evaluate's console).
     Streamed (`verify.blocks`, `verify.streaming`): `init_block` inits per block (0: as many as `block_mib` MiB
     of float64 members, truth and climatology hold; latitude bands where one init exceeds it), scored by
-    `map_blocks` (builtin `map` signature, results in order; default: `block_map(workers)`). The scorecard
-    does not depend on any of these.
+    `map_blocks` (builtin `map` signature, results in order; default: `block_map(workers)`). The scorecard is
+    the same for any of these: to the bit for `workers` and `map_blocks`, to rounding for blocks and bands.
     """
     check_method(method)
     models = [forecast] + ([baseline] if baseline is not None else [])
