@@ -80,10 +80,16 @@ def _paired(forecast: xr.DataArray, truth: xr.DataArray, dim: str | tuple[str, .
     return forecast.where(valid), truth.where(valid)
 
 
-def _pairwise_abs_sum(x: xr.DataArray, dim: str) -> xr.DataArray:
-    """sum_ij |x_i - x_j| in O(K log K): with x sorted, it is 2 sum_i (2i - K - 1) x_(i), i = 1..K."""
+def sort_members(x: xr.DataArray, dim: str) -> xr.DataArray:
+    """The members in ascending order along `dim`, moved last (NaN sorts last)."""
+    return xr.apply_ufunc(np.sort, x, input_core_dims=[[dim]], output_core_dims=[[dim]], kwargs={"axis": -1})
+
+
+def _pairwise_abs_sum(x: xr.DataArray, dim: str, presorted: bool = False) -> xr.DataArray:
+    """sum_ij |x_i - x_j| in O(K log K): with x sorted, it is 2 sum_i (2i - K - 1) x_(i), i = 1..K.
+    `presorted`: x is already `sort_members(x, dim)` (the sort the rank histogram reads too)."""
     k = x.sizes[dim]
-    xs = xr.apply_ufunc(np.sort, x, input_core_dims=[[dim]], output_core_dims=[[dim]], kwargs={"axis": -1})
+    xs = x if presorted else sort_members(x, dim)
     coeff = xr.DataArray(2.0 * np.arange(1, k + 1) - k - 1, dims=[dim])
     return 2 * (xs * coeff).sum(dim, skipna=False)
 
@@ -104,6 +110,8 @@ class CRPSTerms:
     k: int
     groups: int = 0  # M of a nested ensemble; 0: exchangeable members
     within: xr.DataArray | None = None
+    # all K members sorted (member dim last), paired with the truth: `pairs` came from it, `rank_counts` reads it
+    sorted: xr.DataArray | None = None
 
     def fair(self) -> xr.DataArray:
         if self.within is None:
@@ -120,7 +128,9 @@ def crps_terms(forecast: xr.DataArray, truth: xr.DataArray, member_dim: MemberDi
     """The CRPS terms of exchangeable members (nested dims in a tuple are flattened)."""
     forecast, dim = _member_dim(forecast, member_dim)
     f, t = _paired(forecast, truth, dim, skipna)
-    return CRPSTerms(abs(f - t).mean(dim, skipna=False), _pairwise_abs_sum(f, dim), forecast.sizes[dim])
+    xs = sort_members(f, dim)
+    return CRPSTerms(abs(f - t).mean(dim, skipna=False), _pairwise_abs_sum(xs, dim, presorted=True),
+                     forecast.sizes[dim], sorted=xs)
 
 
 def crps_field(forecast: xr.DataArray, truth: xr.DataArray, member_dim: MemberDims = MEMBER,
@@ -243,6 +253,41 @@ def rank_histogram(forecast: xr.DataArray, truth: xr.DataArray, member_dim: Memb
     return out.rename("rank_histogram")
 
 
+def _count_below(xs: np.ndarray, y: np.ndarray, strict: bool) -> np.ndarray:
+    """#{k: xs_k < y} (strict) or #{k: xs_k <= y} per point, xs sorted along its last axis: a binary search
+    per point (log2 K gathers instead of K comparisons: what the sort buys the rank histogram)."""
+    k = xs.shape[-1]
+    lo, hi = np.zeros(y.shape, dtype=np.intp), np.full(y.shape, k, dtype=np.intp)
+    while (open_ := lo < hi).any():
+        mid = (lo + hi) // 2
+        v = np.take_along_axis(xs, np.minimum(mid, k - 1)[..., None], axis=-1)[..., 0]
+        right = open_ & ((v < y) if strict else (v <= y))
+        lo = np.where(right, mid + 1, lo)
+        hi = np.where(open_ & ~right, mid, hi)
+    return lo
+
+
+def rank_counts(sorted_members: xr.DataArray, truth: xr.DataArray, weights: xr.DataArray) -> np.ndarray:
+    """Weighted counts of the truth's rank among K sorted members (member dim last), length K + 1: what
+    `rank_histogram` normalises (counts / counts.sum()), so counts of blocks of inits or latitude bands add up.
+
+    A point of weight w whose truth ties with members shares w equally among its ranks: with lo = #{x < y}
+    and hi = #{x <= y} it adds w / (hi - lo + 1) to ranks lo+1 .. hi+1 (as `scores.probability`); a point
+    with a missing member or truth counts nowhere.
+    """
+    dim = sorted_members.dims[-1]
+    xs = sorted_members.transpose(*truth.dims, dim).values
+    y = truth.values
+    w = xr.broadcast(weights, truth)[0].transpose(*truth.dims).values
+    k = xs.shape[-1]
+    valid = np.isfinite(xs[..., -1]) & np.isfinite(y)  # NaN sorts last: one look per point
+    lo, hi = _count_below(xs, y, True)[valid], _count_below(xs, y, False)[valid]
+    share = w[valid] / (hi - lo + 1)
+    starts = np.bincount(lo, weights=share, minlength=k + 2)
+    ends = np.bincount(hi + 1, weights=share, minlength=k + 2)
+    return np.cumsum(starts - ends)[: k + 1]
+
+
 def nested_finite_factors(draws: Sequence[int]) -> list[float]:
     """1 + 1 / (independent draws at each level): a nested ensemble of M encoder draws x N dropout members
     (x R routing draws) has draws (M, M N[, M N R]). Its mean's error variance, if calibrated, is
@@ -290,8 +335,9 @@ def nested_crps_terms(forecast: xr.DataArray, truth: xr.DataArray, group_dim: st
     inner, truth = _paired(inner, truth, (group_dim, "replicate"), skipna)
     error = abs(inner - truth).mean((group_dim, "replicate"), skipna=False)
     within = _pairwise_abs_sum(inner, "replicate").sum(group_dim, skipna=False)
-    pairs = _pairwise_abs_sum(flatten_members(inner, (group_dim, "replicate")), MEMBER)
-    return CRPSTerms(error, pairs, m * n, m, within)
+    xs = sort_members(flatten_members(inner, (group_dim, "replicate")), MEMBER)
+    pairs = _pairwise_abs_sum(xs, MEMBER, presorted=True)
+    return CRPSTerms(error, pairs, m * n, m, within, sorted=xs)
 
 
 def nested_spread_skill(forecast: xr.DataArray, truth: xr.DataArray, group_dim: str = ENCODER_DRAW,

@@ -12,21 +12,23 @@
 
 A nested metric is bound to its draws (`Metric.bind`): the registry holds one per level, each applying only
 where the design has that level. Shared per lead (`Fields.once`): the CRPS terms (one sort of the members),
-the variance field and the ANOVA split; `lead_maps` reads the same for the time-mean maps.
+the variance field and the ANOVA split; `lead_sums` reads the same for the time-mean maps and the rank
+histogram (which counts ranks in the CRPS's sorted members: one sort per block of inits serves all three).
 """
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass, replace
 
 import numpy as np
 import xarray as xr
 
-from wxray.data.schema import INIT
+from wxray.data.schema import LAT, LON
 from wxray.verify import ensemble as ens
 from wxray.verify.anova import SPLIT_COMPONENTS, nested_split
 from wxray.verify.metric_base import Design, Fields, MeanScore, Metric, mean_squared_error
+from wxray.verify.spatial import Band, spatial_weights
+from wxray.verify.sums import TimeSum
 
 BRANCHES = {"enc": "encoder", "drop": "dropout", "route": "routing"}  # a component's short name, its level
 
@@ -282,15 +284,46 @@ class BranchSpreadSkill(LevelMetric):
         return ens.branch_spread_skill(means[:-1], means[-1], self.draws)[self.name]
 
 
+def _weights(f: Fields) -> xr.DataArray:
+    """The spatial mean's weights of these fields (a band's rows of the whole grid's)."""
+    if isinstance(f.region, Band):
+        return f.region.weights
+    return spatial_weights(f.truth[LAT], f.truth[LON], f.region)
+
+
+def lead_sums(f: Fields) -> tuple[dict[str, TimeSum], np.ndarray | None]:
+    """What the time-mean maps and the rank histogram of these inits add up from: per-point sums over inits of
+    an ensemble's CRPS and variance (`spread_map` is the root of the variance's mean) or of a deterministic
+    forecast's absolute error (its CRPS: `mae_map`), and the weighted rank counts (`ensemble.rank_counts`,
+    from the CRPS's sort of the members; None without members)."""
+    if not f.member_dims:
+        return {"mae_map": TimeSum.of(f.once(crps_field), f.skipna)}, None
+    sums = {"spread_map": TimeSum.of(f.once(variance_field), f.skipna),
+            "crps_map": TimeSum.of(f.once(crps_field), f.skipna)}
+    return sums, ens.rank_counts(f.once(_crps_terms).sorted, f.truth, _weights(f))
+
+
+def maps_from_sums(sums: dict[str, TimeSum], latitude: np.ndarray, longitude: np.ndarray) -> dict[str, xr.DataArray]:
+    """The time-mean maps from their sums over every init (`lead_sums`, added up)."""
+    out = {}
+    for k, s in sums.items():
+        mean = s.mean()
+        out[k] = xr.DataArray(np.sqrt(mean) if k == "spread_map" else mean, dims=(LAT, LON),
+                              coords={LAT: latitude, LON: longitude}, name=k)
+    return out
+
+
+def histogram_from_counts(counts: np.ndarray) -> xr.DataArray:
+    """The rank histogram (relative frequencies of ranks 1..K+1) from weighted rank counts."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        freq = counts / counts.sum()
+    ranks = np.arange(1, len(counts) + 1)
+    return xr.DataArray(freq, dims=["rank"], coords={"rank": ranks}, name="rank_histogram")
+
+
 def lead_maps(f: Fields) -> tuple[dict[str, xr.DataArray], xr.DataArray | None]:
     """Time-mean maps of one lead: an ensemble's spread and CRPS and its rank histogram, a deterministic
     forecast's absolute error (its CRPS: `mae_map`) and no histogram."""
-    if not f.member_dims:
-        return {"mae_map": f.once(crps_field).mean(INIT, skipna=f.skipna)}, None
-    flat, dim = f.once(_members)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # scores warns on NaN members, already accounted for by skipna
-        hist = ens.rank_histogram(flat, f.truth, dim, region=f.region)
-    maps = {"spread_map": np.sqrt(f.once(variance_field).mean(INIT, skipna=f.skipna)),
-            "crps_map": f.once(crps_field).mean(INIT, skipna=f.skipna)}
-    return maps, hist
+    sums, counts = lead_sums(f)
+    maps = maps_from_sums(sums, f.truth[LAT].values, f.truth[LON].values)
+    return maps, None if counts is None else histogram_from_counts(counts)

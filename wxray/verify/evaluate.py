@@ -18,7 +18,8 @@ per variable x lead), stations.nc and a `stations` block in RESULT (`scores_summ
 only the stations are scored (the gridded `forecast`, if given, is then only the bilinear baseline).
 
 Everything is scored before anything is written, and each output is written atomically, so a bad
-input leaves no partial scorecard behind.
+input leaves no partial scorecard behind. Scoring is streamed in blocks of inits (`init_block`, `block_mib`,
+`workers`: `wxray.verify.blocks`); the plots are drawn from the scorecard alone, never from the fields.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from wxray.errors import ConfigError, DataError
 from wxray.io import atomic_path
 from wxray.job import JobConfig, JobContext
 from wxray.verify import metrics
+from wxray.verify.blocks import DEFAULT_BLOCK_MIB
 from wxray.verify.digest import digest
 from wxray.verify.forecasts import (
     check_grid,
@@ -81,6 +83,13 @@ class EvaluateConfig(JobConfig):
     significance_method: Literal["fixed-b", "paper"] = "fixed-b"
     seed: Seed = 0  # seed of the bootstrap resampling (significance_method=paper only)
     plots: bool = True  # write the scorecard figures (plots/*.png)
+    # Streamed scoring (wxray.verify.blocks): a block is init_block inits of one channel and lead with all their
+    # members; 0 takes as many as block_mib MiB of float64 members, truth and climatology hold (latitude bands
+    # where one init exceeds it). Peak memory is a few block_mib per worker, whatever the inits or members.
+    init_block: NonNegInt = 0  # inits per scoring block (0: as many as block_mib holds)
+    # MiB of float64 members, truth and climatology per block; scoring holds ~4-5 blocks per worker
+    block_mib: Annotated[float, Range(0, None, True)] = float(DEFAULT_BLOCK_MIB)
+    workers: PosInt = 1  # processes scoring blocks (1: this one); the scorecard is the same for any number
     stations: InPath = ""  # station forecast Parquet: init_time, lead_time [h], station, lat, lon, variable, value
     station_obs: InPath = ""  # obs dir (obs.yaml + point streams) whose `station_stream` is the station truth
     station_stream: str = "stations"  # the point stream of station_obs scored against (quality 0 observations)
@@ -310,7 +319,8 @@ def evaluate(cfg: EvaluateConfig, ctx: JobContext) -> dict[str, Any]:
                            region=None if cfg.region == "global" else cfg.region, skipna=cfg.skipna,
                            n_bootstrap=cfg.n_bootstrap, confidence=cfg.confidence,
                            significance=cfg.significance, seed=cfg.seed, method=cfg.significance_method,
-                           progress=True)
+                           progress=True, init_block=cfg.init_block, block_mib=cfg.block_mib,
+                           workers=cfg.workers)
     card.attrs.update(forecast=forecast.name, truth=cfg.truth, baseline=baseline.name if baseline else "",
                       n_members=forecast.n_members(), member_dims=",".join(forecast.member_dims),
                       region=cfg.region, n_bootstrap=cfg.n_bootstrap, confidence=cfg.confidence,

@@ -22,6 +22,10 @@ RMSE is `from_means(sum / count)`). What a class knows about itself, read by eve
     calibration                 the value of a calibrated forecast: a sweep's trial reports `<name>_distance`
                                 (mean |score - value|) and `mean_<name>`
     rollout                     a rollout's per-lead report carries it beside persistence's
+    banded                      every input series is `f.spatial` (or `verify.deterministic`'s mse, bias, mae)
+                                of a pointwise field, so a latitude band of the grid scores its part of it
+                                (`spatial.Band`); False (ACC: a ratio of means, SSIM: a filter across rows):
+                                scored on whole fields of the ensemble mean (`verify.streaming`)
 
 `applies(design)` says whether it scores a forecast of that `Design` (members, nested draws, a climatology);
 `bind(design)` is the instance that does (a spread-skill ratio needs K). `Fields` is one channel at one lead;
@@ -121,6 +125,7 @@ class Metric(ABC):
     sweep: ClassVar[int] = 0
     calibration: ClassVar[float | None] = None
     rollout: ClassVar[bool] = False
+    banded: ClassVar[bool] = True
 
     def applies(self, design: Design) -> bool:
         return True

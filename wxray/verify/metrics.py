@@ -97,6 +97,7 @@ class ACC(MeanScore):
     plot = True
     headline = 4
     rollout = True
+    banded = False  # a ratio of spatial means: scored on the whole ensemble-mean field
 
     def applies(self, design: Design) -> bool:
         return design.climatology
@@ -112,6 +113,7 @@ class SSIM(MeanScore):
     loss = "ssim"
     higher_is_better = True
     plot = True
+    banded = False  # a Gaussian window across rows and the field's own range: whole fields only
 
     def series(self, f: Fields) -> dict[str, xr.DataArray]:
         return {"ssim": det.ssim(f.mean, f.truth, f.region, f.skipna)}

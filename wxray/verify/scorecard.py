@@ -28,11 +28,16 @@ Layout (an xarray Dataset, written as netCDF; `scorecard_table` gives the same a
 * `nan_points` (channel): points skipped with skipna (NaN or infinite: an inf counts as missing).
 
 attrs: `forecast`, `baseline` (names), `significance_method` (of the intervals and tests), `rel_diff_convention`.
+
+Streamed: per channel and lead, blocks of inits (all their members; latitude bands where one init exceeds the
+budget: `verify.blocks`) are scored one at a time (`verify.streaming.score_block`, through a pluggable
+`map_blocks`) into per-init series, map sums and rank counts; the aggregates, intervals and DM tests are then
+computed from the whole series as before. Peak memory is a few blocks, whatever the inits or members.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -44,6 +49,8 @@ from wxray.data.schema import INIT, LAT, LEAD, LON, Channel, select_channel
 from wxray.errors import DataError
 from wxray.verify import deterministic as det
 from wxray.verify import ensemble as ens
+from wxray.verify.blocks import DEFAULT_BLOCK_MIB, MIB, BlockPlan, block_map, plan_blocks
+from wxray.verify.ensemble_metrics import histogram_from_counts, maps_from_sums
 from wxray.verify.forecasts import truth_at
 from wxray.verify.inference import (
     DEFAULT_METHOD,
@@ -57,7 +64,13 @@ from wxray.verify.inference import (
     hac_interval,
     min_series_length,
 )
-from wxray.verify.metrics import Metric, metrics_for, nested_draws, score_series
+from wxray.verify.metrics import (
+    Metric,
+    metrics_for,
+    nested_draws,
+    score_series,  # noqa: F401  (re-exported: one lead's series, in memory)
+)
+from wxray.verify.streaming import BlockTask, LeadSums, score_block
 
 REL_DIFF_CONVENTION = "forecast / baseline - 1; negative is better for rmse/mae/crps, positive for acc/ssim"
 
@@ -126,15 +139,6 @@ class Model:
                                 f"least 2 {kind} (drop the dim to score a deterministic forecast)")
 
 
-def _finite(a: xr.DataArray) -> xr.DataArray:
-    """Infinite values as NaN: an inf is no forecast (a blown-up model, a bad fill value), never a score."""
-    return a.where(np.isfinite(a))
-
-
-def _nan_count(*arrays: xr.DataArray) -> int:
-    return int(sum(int(a.isnull().sum()) for a in arrays))
-
-
 BASELINE_FIELDS = ("baseline_value", "baseline_ci_lower", "baseline_ci_upper", "rel_diff", "rel_ci_lower",
                    "rel_ci_upper", "dm_statistic", "dm_p_value", "significant")
 
@@ -151,13 +155,9 @@ class _Settings:
     maps: bool = True
 
 
-def _score_lead(models: list[Model], metric_sets: list[list[Metric]], fields: list[xr.DataArray],
-                truth: xr.DataArray, clim: xr.DataArray | None, what: str, cfg: _Settings,
-                rng: np.random.Generator) -> tuple[dict[str, np.ndarray], dict, object, int, int]:
-    """All metrics of one channel at one lead: {field: values per metric}, maps, histogram, n, ell."""
-    results = [score_series(f, truth, clim, m.member_dims, cfg.region, cfg.skipna, ms, maps=cfg.maps)
-               for f, m, ms in zip(fields, models, metric_sets)]
-    series = [r[0] for r in results]
+def _score_lead(series: list[dict[str, np.ndarray]], metric_sets: list[list[Metric]], what: str, cfg: _Settings,
+                rng: np.random.Generator) -> tuple[dict[str, np.ndarray], int, int]:
+    """All metrics of one channel at one lead from each model's per-init series: {field: values per metric}, n, ell."""
     if cfg.skipna:  # an initialisation with no valid point at all drops out of every series (paired)
         keep = np.logical_and.reduce([np.isfinite(v) for s in series for v in s.values()])
         series = [{k: v[keep] for k, v in s.items()} for s in series]
@@ -174,14 +174,14 @@ def _score_lead(models: list[Model], metric_sets: list[list[Metric]], fields: li
         ell, idx = 0, NO_INTERVALS  # scores, but no intervals or tests
     names = [m.name for m in metric_sets[0]]
     row = {k: np.full(len(names), np.nan) for k in ("value", "ci_lower", "ci_upper")}
-    if len(models) > 1:
+    if len(series) > 1:
         row.update({k: np.full(len(names), np.nan) for k in BASELINE_FIELDS})
     by_name = [{m.name: m for m in ms} for ms in metric_sets]
     for i, name in enumerate(names):
         metric = by_name[0][name]
         v = _interval(series[0], metric, idx, cfg.confidence)
         row["value"][i], row["ci_lower"][i], row["ci_upper"][i] = v
-        if len(models) == 1 or metric.loss is None or name not in by_name[1]:
+        if len(series) == 1 or metric.loss is None or name not in by_name[1]:
             continue
         b = _interval(series[1], by_name[1][name], idx, cfg.confidence)
         row["baseline_value"][i], row["baseline_ci_lower"][i], row["baseline_ci_upper"][i] = b
@@ -192,7 +192,33 @@ def _score_lead(models: list[Model], metric_sets: list[list[Metric]], fields: li
             dm = diebold_mariano(loss_f, loss_b, lag=ell if cfg.method == "paper" else ell - 1, method=cfg.method)
             row["dm_statistic"][i], row["dm_p_value"][i] = float(dm.statistic), float(dm.p_value)
             row["significant"][i] = float(np.nan_to_num(dm.p_value, nan=1.0) < cfg.significance)
-    return row, results[0][1], results[0][2], n, ell
+    return row, n, ell
+
+
+def _tasks(models: list[Model], metric_sets: list[list[Metric]], truth: xr.Dataset, climatology: xr.Dataset | None,
+           channels: list[Channel], cfg: _Settings, plan: BlockPlan) -> Iterator[BlockTask]:
+    """Every block, channel by channel, lead by lead, init block by init block: lazy selections (read by
+    `score_block`). The truth and climatology are looked up for all inits first: a missing valid time fails
+    naming them all."""
+    inits, leads = models[0].data[INIT].values, models[0].data[LEAD].values
+    for ch in channels:
+        truth_da = select_channel(truth, ch)
+        clim_da = select_channel(climatology, ch) if climatology is not None else None
+        for lead in leads:
+            t = truth_at(truth_da, inits, lead, _what(models[0], ch, lead))
+            clim = None
+            if clim_da is not None:
+                clim = det.climatology_at(clim_da, xr.DataArray(inits + lead, dims=[INIT], coords={INIT: inits}))
+            fields = [select_channel(m.data, ch).sel({LEAD: lead}) for m in models]
+            for block in plan.init_slices(len(inits)):
+                at = {INIT: block}
+                yield BlockTask([f.isel(at) for f in fields], t.isel(at), clim.isel(at) if clim is not None else None,
+                                [m.member_dims for m in models], metric_sets, cfg.region, cfg.skipna, cfg.maps,
+                                plan.rows)
+
+
+def _what(forecast: Model, ch: Channel, lead: np.timedelta64) -> str:
+    return f"{forecast.name} '{ch.name}' lead {lead / np.timedelta64(1, 'h'):g} h"
 
 
 def build_scorecard(forecast: Model, truth: xr.Dataset, channels: list[Channel], *,
@@ -200,13 +226,18 @@ def build_scorecard(forecast: Model, truth: xr.Dataset, channels: list[Channel],
                     region=None, skipna: bool = False, n_bootstrap: int = 5000, confidence: float = 0.95,
                     significance: float = 0.05, seed: int = 0, method: str = DEFAULT_METHOD,
                     metrics: Sequence[str] | None = None, intervals: bool = True, maps: bool = True,
-                    progress: bool = False) -> xr.Dataset:
+                    progress: bool = False, init_block: int = 0, block_mib: float = DEFAULT_BLOCK_MIB,
+                    workers: int = 1, map_blocks: Callable | None = None) -> xr.Dataset:
     """Score `forecast` (and compare with `baseline`) on every channel x lead; see the module doc.
 
     `method`: "fixed-b" (default) or "paper", see `wxray.verify.inference`; n_bootstrap and seed apply to "paper".
     `metrics`: only these of `verify.metrics.METRICS` (default: every one that applies); `intervals=False`: the
     scores alone (no intervals or tests, as with too few inits); `maps=False`: no maps or rank histograms;
     `progress`: a progress bar over channels x leads (evaluate's console).
+    Streamed (`verify.blocks`, `verify.streaming`): `init_block` inits per block (0: as many as `block_mib` MiB
+    of float64 members, truth and climatology hold; latitude bands where one init exceeds it), scored by
+    `map_blocks` (builtin `map` signature, results in order; default: `block_map(workers)`). The scorecard is
+    the same for any of these: to the bit for `workers` and `map_blocks`, to rounding for blocks and bands.
     """
     check_method(method)
     models = [forecast] + ([baseline] if baseline is not None else [])
@@ -216,48 +247,49 @@ def build_scorecard(forecast: Model, truth: xr.Dataset, channels: list[Channel],
     inits, leads = forecast.data[INIT].values, forecast.data[LEAD].values
     has_clim = climatology is not None and all(ch.variable in climatology for ch in channels)
     metric_sets = [metrics_for(m.n_members(), m.nested_draws(), has_clim, metrics) for m in models]
+    plan = plan_blocks(len(inits), truth.sizes[LAT], truth.sizes[LON],
+                       max(m.n_members() for m in models) + 1 + int(has_clim), init_block, int(block_mib * MIB))
     shape = (len(channels), len(leads))
     rows: dict[str, list] = {}
     n_init, block = np.zeros(shape, dtype=np.int64), np.zeros(shape, dtype=np.int64)
     nan_points = np.zeros(len(channels), dtype=np.int64)
-    maps: dict[str, list] = {}
+    maps_: dict[str, list] = {}
     hists: list = []
     rng = np.random.default_rng(seed)
+    tasks = _tasks(models, metric_sets, truth, climatology if has_clim else None, channels, cfg, plan)
+    results = iter((map_blocks or block_map(workers))(score_block, tasks))
+    n_blocks = len(plan.init_slices(len(inits)))
+    grid = truth[LAT].values, truth[LON].values
     # only on a terminal (None: off when stderr is not one); cleared before an error, so that stays one line
     bar = tqdm(total=len(channels) * len(leads), desc="scoring", unit="lead", disable=None if progress else True)
     try:
         for c, ch in enumerate(channels):
-            clim_da = select_channel(climatology, ch).astype(np.float64) if has_clim else None
-            truth_da = select_channel(truth, ch)
             for j, lead in enumerate(leads):
-                what = f"{forecast.name} '{ch.name}' lead {lead / np.timedelta64(1, 'h'):g} h"
-                t = _finite(truth_at(truth_da, inits, lead, what).load().astype(np.float64))
-                fields = [_finite(select_channel(m.data, ch).sel({LEAD: lead}).load().astype(np.float64))
-                          for m in models]
-                nans = _nan_count(t, *fields)
-                if nans and not skipna:
-                    raise DataError(f"{what}: {nans} missing (NaN) or infinite values in forecast or truth "
+                what = _what(forecast, ch, lead)
+                sums = LeadSums(len(models))
+                for _ in range(n_blocks):
+                    sums.add(next(results))
+                if sums.nans and not skipna:
+                    raise DataError(f"{what}: {sums.nans} missing (NaN) or infinite values in forecast or truth "
                                     "(set skipna=true to skip them)")
-                nan_points[c] += nans
-                clim = None
-                if clim_da is not None:
-                    valid = xr.DataArray(inits + lead, dims=[INIT], coords={INIT: inits})
-                    clim = det.climatology_at(clim_da, valid)
-                row, lead_maps, hist, n_init[c, j], block[c, j] = _score_lead(
-                    models, metric_sets, fields, t, clim, what, cfg, rng)
+                nan_points[c] += sums.nans
+                row, n_init[c, j], block[c, j] = _score_lead(sums.series(), metric_sets, what, cfg, rng)
                 for k, v in row.items():
                     rows.setdefault(k, []).append(v)
-                for k, v in lead_maps.items():
-                    maps.setdefault(k, []).append(v)
+                for k, v in maps_from_sums(sums.sums, *grid).items():
+                    maps_.setdefault(k, []).append(v)
+                hists.append(histogram_from_counts(sums.counts) if sums.counts is not None else None)
                 bar.update()
-                hists.append(hist)
     except BaseException:
         bar.leave = False
         raise
     finally:
         bar.close()
+        close = getattr(results, "close", None)
+        if close is not None:  # a generator map (ProcessMap): stop its workers now
+            close()
     out = {k: np.stack(v).reshape(*shape, -1) for k, v in rows.items()}
-    ds = _assemble(out, metric_sets[0], channels, leads, n_init, block, nan_points, maps, hists)
+    ds = _assemble(out, metric_sets[0], channels, leads, n_init, block, nan_points, maps_, hists)
     units = [channel_units(ch, truth, forecast.data) for ch in channels]
     ds = ds.assign_coords(units=("channel", units))
     ds["has_intervals"] = (("channel", LEAD), (block > 0).astype(np.int64))

@@ -3,6 +3,13 @@
 Grids may be global or regional and longitudes in either convention ([0, 360) or (-180, 180], see
 `wxray.data.schema`): region masks compare longitudes modulo 360, and a regional grid's edge rows are
 cells of one grid spacing, not stretched to the poles.
+
+A field too large for memory is scored in latitude bands (`Band`): a band's "mean" is its two parts, the
+weighted sum and the weight (dim `part`), with the whole grid's weights cut to its rows, so that
+
+    spatial mean = sum over bands of the sums / sum over bands of the weights       (`from_parts`)
+
+equals the whole grid's `spatial_mean` (to rounding) for any score that is a mean of pointwise values.
 """
 
 from __future__ import annotations
@@ -107,26 +114,59 @@ def region_mask(region: str | Region | xr.DataArray | None, latitude: xr.DataArr
     return mask
 
 
-def spatial_mean(da: xr.DataArray, region: str | Region | xr.DataArray | None = None,
+def spatial_weights(latitude: xr.DataArray, longitude: xr.DataArray,
+                    region: str | Region | xr.DataArray | None = None) -> xr.DataArray:
+    """(latitude, longitude) weights of `spatial_mean`: latitude weights, 0 outside the region."""
+    weights = latitude_weights(latitude) * xr.ones_like(longitude, dtype=np.float64)
+    mask = region_mask(region, latitude, longitude)
+    return weights if mask is None else weights.where(mask, 0.0)
+
+
+PART = "part"  # the dim of a band's two parts of a spatial mean
+PARTS = ("sum", "weight")
+
+
+@dataclass(frozen=True, eq=False)
+class Band:
+    """Rows of a larger grid scored on their own, as a region: `weights` are the whole grid's
+    (`spatial_weights`, region mask included) at these rows, so a band's sums add up to the grid's."""
+
+    weights: xr.DataArray
+
+    @classmethod
+    def of(cls, latitude: xr.DataArray, longitude: xr.DataArray, region, rows: slice) -> Band:
+        return cls(spatial_weights(latitude, longitude, region).isel({LAT: rows}))
+
+
+def from_parts(parts: xr.DataArray) -> xr.DataArray:
+    """The spatial mean from the `part` dim (summed over bands first): sum / weight, NaN where no weight."""
+    total, weight = (parts.sel({PART: p}, drop=True) for p in PARTS)
+    return total / weight.where(weight > 0)
+
+
+def spatial_mean(da: xr.DataArray, region: str | Region | xr.DataArray | Band | None = None,
                  skipna: bool = False) -> xr.DataArray:
     """Latitude-weighted mean over (latitude, longitude), optionally restricted to a region.
 
     With skipna the weights are renormalised over the valid points of each field, so a missing point
     neither counts as zero nor biases the mean towards the other latitudes; a field with no valid point
     gives NaN. Without skipna a NaN anywhere in a field makes that field's mean NaN.
+    With a `Band` as the region: the weighted sum and the weight along a first dim `part` (`from_parts`).
     """
     missing = [d for d in SPATIAL_DIMS if d not in da.dims]
     if missing:
         raise DataError(f"{da.name or 'field'}: missing spatial dimension(s) {missing} (dims: {da.dims})")
-    weights = latitude_weights(da[LAT]) * xr.ones_like(da[LON], dtype=np.float64)
-    mask = region_mask(region, da[LAT], da[LON])
-    if mask is not None:
-        weights = weights.where(mask, 0.0)
+    band = isinstance(region, Band)
+    weights = region.weights if band else spatial_weights(da[LAT], da[LON], region)
     if skipna:
         valid = da.notnull()
         w = weights.where(valid, 0.0)
-        total = w.sum(SPATIAL_DIMS)
-        out = (da.fillna(0.0) * w).sum(SPATIAL_DIMS) / total.where(total > 0)
+        total, weight = (da.fillna(0.0) * w).sum(SPATIAL_DIMS), w.sum(SPATIAL_DIMS)
+        if not band:
+            return (total / weight.where(weight > 0)).rename(da.name)
     else:
-        out = (da * weights).sum(SPATIAL_DIMS, skipna=False) / weights.sum(SPATIAL_DIMS)
-    return out.rename(da.name)
+        total, weight = (da * weights).sum(SPATIAL_DIMS, skipna=False), weights.sum(SPATIAL_DIMS)
+        if not band:
+            return (total / weight).rename(da.name)
+    weight = weight * xr.ones_like(total)  # without skipna the same weight for every field of the band
+    return xr.concat([total, weight], dim=PART).assign_coords({PART: list(PARTS)}).rename(da.name)
