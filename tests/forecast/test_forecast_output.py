@@ -56,9 +56,9 @@ def test_lead_chunk_is_a_few_leads_and_whole_fields():
         Spec.kept_grid = grid
         return output.ForecastLayout(Spec(), np.zeros(1), np.arange(n_leads)).lead_chunk
 
-    assert chunk(40, (721, 1440)) == 4  # 4 x 4.15 MB: 16.6 MB, under 16 MiB
-    assert chunk(40, (64, 128)) == output.MAX_LEAD_CHUNK and chunk(2, (64, 128)) == 2
-    assert chunk(40, (2881, 5760)) == 1  # a field over the budget: one lead a chunk, never zero
+    assert chunk(40, (721, 1440)) == 1  # 0.25 deg: one 4.2 MB field a chunk, a per-lead reader reads it once
+    assert chunk(40, (64, 128)) == output.MAX_LEAD_CHUNK and chunk(2, (64, 128)) == 2  # small fields grouped
+    assert chunk(40, (256, 512)) == 2  # 512 KB fields: two a chunk
 
 
 def test_a_stopped_forecast_continues_with_only_the_missing_samples(store, tmp_path, capsys, monkeypatch):

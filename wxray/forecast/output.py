@@ -8,12 +8,14 @@ Layout (the forecast convention, zarr v2 with consolidated metadata and CF attri
 `lead_chunk` leads x one level x the whole kept grid:
 
 * a reader of one channel at one lead (evaluate, which scores channel by channel and lead by lead, a block of
-  inits at a time with all their members; a map of one init) reads whole fields and nothing of the other
-  levels; a chunk is a whole field or a few, the size object stores and zarr readers like (MBs, not KBs or GBs);
+  inits at a time with all their members; a map of one init) reads that field and nothing of the other levels;
 * a sample's writes replace whole chunks (no read-modify-write), so any number of writers can fill one store
   at once, each its own samples;
-* `lead_chunk` = as many leads as keep a chunk under `CHUNK_BYTES`, at most `MAX_LEAD_CHUNK`: 4 leads of a
-  0.25-degree field (4.2 MB each), 8 of anything smaller. A batch holds that many leads before writing them.
+* `lead_chunk` = as many leads as keep a chunk under `CHUNK_BYTES` (1 MiB), at least 1, at most
+  `MAX_LEAD_CHUNK`: a field of a real grid (0.25 degrees: 4.2 MB; 1 degree: 1 MB) is a chunk of its own, so a
+  per-lead reader reads nothing twice; only small fields (8 leads of a 64 x 128 field: 256 KB) are grouped,
+  so that a toy forecast is not hundreds of thousands of tiny files. A batch holds that many leads before
+  writing them.
 
 While a run goes the store is `forecast.zarr.partial` beside `samples_done.jsonl` (a first line with the
 run's fingerprint, then one line per batch whose every lead is written, appended only after its chunks are:
@@ -48,7 +50,7 @@ from wxray.io import atomic_path
 
 NAME, DONE = "forecast.zarr", "samples_done.jsonl"
 FINGERPRINT = "wxray_fingerprint"
-CHUNK_BYTES = 16 * 2**20
+CHUNK_BYTES = 2**20
 MAX_LEAD_CHUNK = 8
 
 

@@ -101,7 +101,9 @@ def _hours(leads: np.ndarray) -> list[float | int]:
 
 def rollout_report(forecast: xr.Dataset, truth: xr.Dataset, climatology: xr.Dataset | None = None) -> dict[str, Any]:
     """The self-describing per-lead scores of the module docstring."""
-    scores = score_per_lead(forecast, truth, climatology)
+    # The ensemble mean, lazily and in float64, is all the scores read: memory then does not grow with members.
+    mean = forecast.astype(np.float64).mean(MEMBER) if MEMBER in forecast.dims else forecast
+    scores = score_per_lead(mean, truth, climatology)
     persistence = score_per_lead(persistence_like(forecast, truth), truth, climatology)
     units = {ch: str(truth[var].attrs.get("units", "")) for var in map(str, forecast.data_vars)
              for ch in _channel_names(forecast[var], var)}
