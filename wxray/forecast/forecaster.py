@@ -15,6 +15,7 @@ the inits whose truth is in the store at every lead (`rollout_anchors`), logging
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +29,7 @@ from tqdm.auto import tqdm
 
 from wxray.console import say
 from wxray.data.anchors import rollout_anchors
-from wxray.data.schema import INIT, TIME, open_climatology, time_step
+from wxray.data.schema import INIT, MEMBER, TIME, open_climatology, time_step
 from wxray.data.windows import WindowReader, WindowSpec
 from wxray.errors import ConfigError
 from wxray.forecast import checkpoints
@@ -157,6 +158,18 @@ def forecast_and_score(model: torch.nn.Module, spec: WindowSpec, ds: xr.Dataset,
     scored = rollout_anchors(ds, anchors, spec, steps)
     report: dict[str, Any] = {}
     if len(scored):
-        report = rollout_report(forecast.sel({INIT: ds[TIME].values[scored]}), ds, open_climatology(spec.store))
+        sel = forecast.sel({INIT: ds[TIME].values[scored]})
+        with tempfile.TemporaryDirectory(dir=out_dir, prefix=".ensemble_mean") as tmp:
+            report = rollout_report(sel, ds, open_climatology(spec.store), mean=_ensemble_mean(sel, Path(tmp)))
         log_report(report, tracker)
     return ForecastRun(forecast, path, scored, report)
+
+
+def _ensemble_mean(forecast: xr.Dataset, tmp: Path) -> xr.Dataset | None:
+    """The member mean in float64, written chunk by chunk into `tmp` (each member chunk read once, all its
+    leads at a time) and opened from there; the per-lead scores then read no member. None without members."""
+    if MEMBER not in forecast.dims:
+        return None
+    mean = forecast.astype(np.float64).mean(MEMBER)
+    mean.drop_encoding().to_zarr(tmp / "mean.zarr", zarr_format=2, consolidated=True)
+    return xr.open_zarr(tmp / "mean.zarr")

@@ -99,10 +99,13 @@ def _hours(leads: np.ndarray) -> list[float | int]:
     return [int(h) if h.is_integer() else h for h in hours]
 
 
-def rollout_report(forecast: xr.Dataset, truth: xr.Dataset, climatology: xr.Dataset | None = None) -> dict[str, Any]:
-    """The self-describing per-lead scores of the module docstring."""
-    # The ensemble mean, lazily and in float64, is all the scores read: memory then does not grow with members.
-    mean = forecast.astype(np.float64).mean(MEMBER) if MEMBER in forecast.dims else forecast
+def rollout_report(forecast: xr.Dataset, truth: xr.Dataset, climatology: xr.Dataset | None = None,
+                   mean: xr.Dataset | None = None) -> dict[str, Any]:
+    """The self-describing per-lead scores of the module docstring. `mean`: the ensemble mean of `forecast`
+    in float64, where the caller has it (e.g. written once, chunk by chunk); else it is taken lazily."""
+    # The ensemble mean is all the scores read: memory then does not grow with members.
+    if mean is None:
+        mean = forecast.astype(np.float64).mean(MEMBER) if MEMBER in forecast.dims else forecast
     scores = score_per_lead(mean, truth, climatology)
     persistence = score_per_lead(persistence_like(forecast, truth), truth, climatology)
     units = {ch: str(truth[var].attrs.get("units", "")) for var in map(str, forecast.data_vars)
