@@ -20,7 +20,7 @@ JOBS: dict[str, tuple[str, str, str, str]] = {
     "train": ("train_sparse", "wxray.platform.train.config:TrainSparseConfig",
               "wxray.platform.train.sparse:train_sparse",
               "train a forecaster on Ray Train (FSDP2), roll it out and score it"),
-    "evaluate": ("evaluate", "wxray.verify.evaluate:EvaluateConfig", "wxray.verify.evaluate:evaluate",
+    "evaluate": ("evaluate", "wxray.verify.evaluate:EvaluateConfig", "wxray.platform.ensemble.evaluate:evaluate_job",
                  "WeatherBench-2-style scorecard of a forecast zarr against a truth store or file"),
     "forecast": ("forecast", "wxray.forecast.job:ForecastConfig",
                  "wxray.platform.ensemble.forecast:forecast_job",

@@ -39,3 +39,26 @@ def test_more_actors_than_the_cluster_holds_is_refused_before_anything_is_writte
                                "workers.actors=64"])
     assert rc == 2 and "actors=64" in err and "hold at most" in err and len(err.strip().splitlines()) == 1
     assert not (out / "forecast.zarr.partial").exists()
+
+
+def test_evaluate_blocks_on_ray_tasks_give_the_same_scorecard(ray_session, tmp_path, capsys):
+    from wxray.platform.ensemble.evaluate import evaluate_job
+    from wxray.verify.evaluate import EvaluateConfig
+
+    store = write_forecast_store(tmp_path / "odd.zarr")
+    ckpt, *_ = save_checkpoint(tmp_path / "ckpt", store, "crop")
+    rc, fc, err = run_captured(capsys, "forecast", ForecastConfig, forecast,
+                               [f"checkpoint={ckpt}", f"out_dir={tmp_path / 'fc'}", "tracking.enabled=false",
+                                "members=3", "steps=2", f"inits={TRAJECTORY_1}"])
+    assert rc == 0, err
+    argv = [f"forecast={fc['forecast']}", f"truth={store}", "regrid=true", "n_bootstrap=100", "plots=false",
+            "tracking.enabled=false", "init_block=3"]
+    cards = {}
+    for how in ("ray_tasks=0", "ray_tasks=2"):
+        rc, _, err = run_captured(capsys, "evaluate", EvaluateConfig, evaluate_job,
+                                  [*argv, how, f"out_dir={tmp_path / how}"])
+        assert rc == 0, err
+        cards[how] = xr.open_dataset(tmp_path / how / "scorecard.nc").load()
+    a, b = cards.values()
+    assert a["value"].size > 0 and a["n_init"].max() == 13
+    xr.testing.assert_identical(a, b)  # 5 blocks of inits on Ray tasks: the same scorecard, to the bit

@@ -24,6 +24,7 @@ input leaves no partial scorecard behind. Scoring is streamed in blocks of inits
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -90,6 +91,9 @@ class EvaluateConfig(JobConfig):
     # MiB of float64 members, truth and climatology per block; scoring holds ~4-5 blocks per worker
     block_mib: Annotated[float, Range(0, None, True)] = float(DEFAULT_BLOCK_MIB)
     workers: PosInt = 1  # processes scoring blocks (1: this one); the scorecard is the same for any number
+    # > 0: blocks on Ray tasks across the cluster, this many at a time (instead of `workers` processes here)
+    ray_tasks: NonNegInt = 0
+    ray_address: str = ""  # ray_tasks > 0: "" = RAY_ADDRESS under ray job submit, else a local cluster
     stations: InPath = ""  # station forecast Parquet: init_time, lead_time [h], station, lat, lon, variable, value
     station_obs: InPath = ""  # obs dir (obs.yaml + point streams) whose `station_stream` is the station truth
     station_stream: str = "stations"  # the point stream of station_obs scored against (quality 0 observations)
@@ -309,7 +313,9 @@ def _write_stations(scores: xr.Dataset, ctx: JobContext) -> dict[str, Any]:
     return {**block, **scores_summary(scores), "csv": str(out / "stations.csv"), "netcdf": str(out / "stations.nc")}
 
 
-def evaluate(cfg: EvaluateConfig, ctx: JobContext) -> dict[str, Any]:
+def evaluate(cfg: EvaluateConfig, ctx: JobContext, map_blocks: Callable | None = None) -> dict[str, Any]:
+    """The job; `map_blocks` scores the blocks (`wxray.platform.ensemble.evaluate` passes Ray tasks' when
+    ray_tasks > 0; None: `workers` processes)."""
     stations = score_stations(cfg) if cfg.stations else None  # cheap: bad station input fails first
     if not cfg.truth:  # station-only (validate: stations is set)
         return {"stations": _write_stations(stations, ctx)}
@@ -320,7 +326,7 @@ def evaluate(cfg: EvaluateConfig, ctx: JobContext) -> dict[str, Any]:
                            n_bootstrap=cfg.n_bootstrap, confidence=cfg.confidence,
                            significance=cfg.significance, seed=cfg.seed, method=cfg.significance_method,
                            progress=True, init_block=cfg.init_block, block_mib=cfg.block_mib,
-                           workers=cfg.workers)
+                           workers=cfg.workers, map_blocks=map_blocks)
     card.attrs.update(forecast=forecast.name, truth=cfg.truth, baseline=baseline.name if baseline else "",
                       n_members=forecast.n_members(), member_dims=",".join(forecast.member_dims),
                       region=cfg.region, n_bootstrap=cfg.n_bootstrap, confidence=cfg.confidence,
