@@ -16,7 +16,6 @@ from tests.forecast.forecast_helpers import (
     configs,
     run_captured,
     save_checkpoint,
-    write_forecast_store,
 )
 from tests.mlflow_db import fresh_uri
 from wxray.config import dump_yaml
@@ -30,11 +29,6 @@ from wxray.platform.train.config import TrainSparseConfig
 from wxray.platform.train.evaluation import evaluate_checkpoint
 from wxray.provenance import store_fingerprint
 from wxray.verify.evaluate import EvaluateConfig, evaluate
-
-
-@pytest.fixture(scope="module")
-def store(tmp_path_factory):
-    return write_forecast_store(tmp_path_factory.mktemp("fc") / "odd.zarr")
 
 
 def test_routing_members_forecast_recomputes_alone_and_evaluates(store, tmp_path, capsys):

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 
 import numpy as np
-import pytest
 import xarray as xr
 import zarr
 
@@ -15,17 +14,11 @@ from tests.forecast.forecast_helpers import (
     anchors_of,
     run_captured,
     save_checkpoint,
-    write_forecast_store,
 )
 from tests.mlflow_db import fresh_uri
 from wxray.forecast import forecaster, output
 from wxray.forecast.job import ForecastConfig, forecast
 from wxray.forecast.rollout import rollout
-
-
-@pytest.fixture(scope="module")
-def store(tmp_path_factory):
-    return write_forecast_store(tmp_path_factory.mktemp("fc") / "odd.zarr")
 
 
 def _argv(ckpt, out, uri, *extra):

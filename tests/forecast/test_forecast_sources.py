@@ -20,7 +20,6 @@ from tests.forecast.forecast_helpers import (
     configs,
     run_captured,
     save_checkpoint,
-    write_forecast_store,
 )
 from tests.mlflow_db import fresh_uri
 from tests.tiny_store import write_tiny_store
@@ -34,11 +33,6 @@ from wxray.forecast.rollout import rollout
 from wxray.job import run_job
 from wxray.tracking import Tracker, TrackingConfig
 from wxray.verify.evaluate import EvaluateConfig, evaluate
-
-
-@pytest.fixture(scope="module")
-def store(tmp_path_factory):
-    return write_forecast_store(tmp_path_factory.mktemp("fc") / "odd.zarr")
 
 
 @pytest.fixture(scope="module")

@@ -45,7 +45,7 @@ from wxray.data.cf import describe
 from wxray.data.schema import INIT, LAT, LEAD, LEVEL, LON, MEMBER
 from wxray.data.windows import WindowSpec
 from wxray.errors import DataError
-from wxray.forecast.rollout import Sample
+from wxray.forecast.rollout import Sample, channel_groups, samples_of
 from wxray.io import atomic_path
 
 NAME, DONE = "forecast.zarr", "samples_done.jsonl"
@@ -73,21 +73,14 @@ class ForecastLayout:
 
     def samples(self) -> list[Sample]:
         """Every (init index, member id), init by init."""
-        ids = (0,) if self.members is None else self.members
-        return [(a, m) for a in range(len(self.init_times)) for m in ids]
+        return samples_of(len(self.init_times), self.members)
 
     def member_index(self, m: int) -> int:
         return 0 if self.members is None else self.members.index(m)
 
     def groups(self) -> list[tuple[str, list[int], list[int] | None]]:
         """(variable, target channel indices, levels or None) in the targets' order."""
-        targets = self.spec.targets
-        out = []
-        for var in dict.fromkeys(c.variable for c in targets):
-            idx = [i for i, c in enumerate(targets) if c.variable == var]
-            levels = [targets[i].level for i in idx]
-            out.append((var, idx, None if levels[0] is None else levels))
-        return out
+        return channel_groups(self.spec.targets)
 
     def fingerprint(self) -> str:
         """What a re-run must share to continue a partial store: inits, leads, members, channels, grid, attrs."""

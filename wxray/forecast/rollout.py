@@ -138,6 +138,17 @@ def batch_steps(model: torch.nn.Module, spec: WindowSpec, reader: WindowReader, 
             x = torch.cat([x[:, v: h * v], state, x[:, h * v:]], dim=1)
 
 
+def channel_groups(channels: Sequence) -> list[tuple[str, list[int], list | None]]:
+    """(variable, channel indices, levels or None) of `channels` (a spec's inputs or targets), in their order:
+    how a channel list becomes the forecast convention's variables, each with its `level` dim or none."""
+    groups = []
+    for var in dict.fromkeys(c.variable for c in channels):
+        idx = [i for i, c in enumerate(channels) if c.variable == var]
+        levels = [channels[i].level for i in idx]
+        groups.append((var, idx, None if levels[0] is None else levels))
+    return groups
+
+
 def samples_of(n_init: int, members: Sequence[int] | None) -> list[Sample]:
     """Every (init index, member id) of a forecast, init by init (member 0 alone without `members`)."""
     ids = [0] if members is None else [int(m) for m in members]
@@ -184,10 +195,8 @@ def to_forecast_dataset(fc: np.ndarray, spec: WindowSpec, ds: xr.Dataset, anchor
     if members is not None:
         coords[MEMBER] = np.asarray(members, dtype=np.int64)
     data = {}
-    for var in dict.fromkeys(c.variable for c in spec.targets):
-        idx = [i for i, c in enumerate(spec.targets) if c.variable == var]
-        levels = [spec.targets[i].level for i in idx]
-        if levels[0] is None:
+    for var, idx, levels in channel_groups(spec.targets):
+        if levels is None:
             da = xr.DataArray(fc[..., idx[0], :, :], dims=(*lead_dims, LAT, LON), coords=coords)
         else:
             da = xr.DataArray(fc[..., idx, :, :], dims=(*lead_dims, LEVEL, LAT, LON), coords={**coords, LEVEL: levels})

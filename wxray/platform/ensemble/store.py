@@ -45,6 +45,7 @@ from wxray.data.schema import INIT, LAT, LEAD, LEVEL, LON
 from wxray.data.windows import WindowSpec
 from wxray.errors import DataError
 from wxray.forecast.nested import Plan
+from wxray.forecast.rollout import channel_groups
 from wxray.io import atomic_path, write_json
 from wxray.verify.anova import DROPOUT_DRAW, ENCODER_DRAW, MOMENT, MOMENTS, ROUTING_DRAW, merge_moments
 
@@ -72,13 +73,7 @@ class Layout:
 
     def channel_groups(self) -> list[tuple[str, list[int], list | None]]:
         """(variable, channel indices, levels or None) of the state, in the spec's order."""
-        inputs = self.spec.inputs
-        groups = []
-        for var in dict.fromkeys(c.variable for c in inputs):
-            idx = [i for i, c in enumerate(inputs) if c.variable == var]
-            levels = [inputs[i].level for i in idx]
-            groups.append((var, idx, None if levels[0] is None else levels))
-        return groups
+        return channel_groups(self.spec.inputs)
 
     def coords(self) -> dict[str, Any]:
         p = self.plan
