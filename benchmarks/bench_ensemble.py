@@ -63,13 +63,14 @@ def _setup(args):
 
 def run_actors(models, plan, units, anchors, times, data, actors: int) -> float:
     from wxray.data.e2e_windows import E2EReader
+    from wxray.forecast.workers import WorkersConfig
     from wxray.platform.ensemble.actors import fan_out
 
     reader = E2EReader(data.spec, data.obs)
     got = []
     t0 = time.perf_counter()
     fan_out(models, [plan], [(0, a, i) for a, i in units], times, lambda a: reader.inputs(anchors[[a]]),
-            lambda r, a, i, u: got.append(u), actors=actors, num_cpus=1, num_gpus=0, device="cpu")
+            lambda r, a, i, u: got.append(u), workers=WorkersConfig(actors=actors, num_cpus=1, device="cpu"))
     assert len(got) == len(units)
     return time.perf_counter() - t0
 

@@ -1,13 +1,17 @@
-"""Peak memory and wall time of the evaluate job as inits, members and the grid grow; the fair CRPS beside `scores`.
+"""Peak memory and wall time of the evaluate job as inits, members and the grid grow; the CRPS beside `scores` and
+xskillscore.
 
-    python benchmarks/bench_evaluate_size.py [--budgets 64,4] [--tree DIR] [--workers 1] [--json out.json]
+    python benchmarks/bench_evaluate_size.py [--budgets 64,4] [--tree DIR] [--workers 1 | --ray-tasks N]
+                                             [--json out.json]
 
 Synthetic truth (a store: one variable t2m, 6-hourly AR(1) fields, a small stats/climatology for ACC) and
 ensemble forecasts (t2m at lead 24 h, K members around the truth, chunks of one init and 16 members) are
 written to a temp dir; each
 configuration then runs `jobs/evaluate.py forecast=... truth=... baseline=persistence` (plots on, tracking off)
 in a fresh subprocess under /usr/bin/time (its peak RSS, %M; with workers > 1 the largest worker's is the
-child's getrusage RUSAGE_CHILDREN), which reports the job's wall time. Sweeps, one size at a time around BASE:
+child's getrusage RUSAGE_CHILDREN), which reports the job's wall time. With --ray-tasks N the child runs
+the Ray entry (`platform/ensemble/evaluate.evaluate_job`: blocks on N Ray tasks of a local cluster that the
+child starts, its start-up counted in the wall time; the peak is the driver's). Sweeps, one size at a time around BASE:
 
     inits in INITS, members in MEMBERS (each at every block budget in --budgets, MiB: `block_mib`),
     grid in GRIDS (at the first budget)
@@ -20,8 +24,9 @@ data up to the budget (scoring holds ~4-5 blocks) and stays there. About 100 s o
 least-squares slopes of log(value) against log(size) over a sweep (0: flat; 1: linear). `--tree DIR` runs
 the children against another checkout's wxray (e.g. `git archive <rev> wxray | tar -x -C DIR`), without
 the block keys it may not know. The fair CRPS (`ensemble.crps_terms(...).fair()`, the scorecard's) is timed
-beside `scores.probability.crps_for_ensemble(method="fair")` on the same float64 arrays (CRPS_SHAPE x K),
-values checked equal. xskillscore is not installed here, so it is not compared.
+beside `scores.probability.crps_for_ensemble(method="fair")`, and the ECDF CRPS (`.ecdf()`) beside
+`xskillscore.crps_ensemble` (properscoring's estimator; `pip install xskillscore`, skipped when absent), on the
+same float64 arrays (CRPS_SHAPE x K), values checked equal.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -48,6 +54,11 @@ sys.path.insert(0, os.environ.get("BENCH_TREE") or str(ROOT))
 from wxray.job import run_job  # noqa: E402
 from wxray.verify import ensemble as ens  # noqa: E402
 from wxray.verify.evaluate import EvaluateConfig, evaluate  # noqa: E402
+
+try:
+    import xskillscore
+except ImportError:  # an optional comparison (`pip install xskillscore`)
+    xskillscore = None
 
 INITS = (4, 16, 64)
 MEMBERS = (4, 16, 64, 256)
@@ -98,7 +109,10 @@ def child(args: list[str]) -> None:
     """Run the evaluate job in this process (or only import it: args == ["import"]); print its wall time and,
     with workers, the largest worker's peak RSS (MiB)."""
     t0 = time.perf_counter()
-    rc = 0 if args == ["import"] else run_job("evaluate", EvaluateConfig, evaluate, argv=args)
+    main = evaluate
+    if any(arg.startswith("ray_tasks=") for arg in args):
+        from wxray.platform.ensemble.evaluate import evaluate_job as main  # the Ray entry: imports Ray
+    rc = 0 if args == ["import"] else run_job("evaluate", EvaluateConfig, main, argv=args)
     wall = time.perf_counter() - t0
     workers = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     print("BENCH " + json.dumps({"rc": rc, "wall_s": wall, "worker_peak_mib": workers}))
@@ -130,26 +144,42 @@ def slope(x, y) -> float:
     return float(np.polyfit(np.log(np.asarray(x, float)), np.log(np.asarray(y, float)), 1)[0])
 
 
+def best_of(fn, repeat: int) -> tuple[float, xr.DataArray]:
+    best, value = np.inf, None
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        value = fn()
+        best = min(best, time.perf_counter() - t0)
+    return best, value
+
+
+def max_rel_diff(a: xr.DataArray, b: xr.DataArray, dims: tuple[str, ...]) -> float:
+    a, b = a.transpose(*dims).values, b.transpose(*dims).values
+    return float(np.max(np.abs(a - b) / np.abs(b)))
+
+
+def wxray_crps(fc: xr.DataArray, obs: xr.DataArray, kind: str) -> xr.DataArray:
+    return getattr(ens.crps_terms(fc, obs, "member"), kind)()
+
+
 def crps_timing(members: tuple[int, ...], repeat: int = 3) -> list[dict]:
+    """The fair CRPS beside `scores`, the ECDF CRPS beside xskillscore (when installed): best-of-`repeat`
+    seconds and the largest relative difference of the values."""
     rng = np.random.default_rng(2)
     rows = []
     for k in members:
         dims = ("init_time", "latitude", "longitude")
         obs = xr.DataArray(rng.standard_normal(CRPS_SHAPE), dims=dims)
         fc = xr.DataArray(rng.standard_normal((k, *CRPS_SHAPE)), dims=("member", *dims))
-        times = {}
-        for name, fn in (("wxray", lambda f=fc, o=obs: ens.crps_terms(f, o, "member").fair()),
-                         ("scores", lambda f=fc, o=obs: crps_for_ensemble(f, o, "member", method="fair",
-                                                                          preserve_dims="all"))):
-            best, value = np.inf, None
-            for _ in range(repeat):
-                t0 = time.perf_counter()
-                value = fn()
-                best = min(best, time.perf_counter() - t0)
-            times[name] = (best, value)
-        a, b = times["wxray"][1].transpose(*dims).values, times["scores"][1].transpose(*dims).values
-        rows.append({"members": k, "wxray_s": times["wxray"][0], "scores_s": times["scores"][0],
-                     "max_rel_diff": float(np.max(np.abs(a - b) / np.abs(b)))})
+        fair_s, fair = best_of(partial(wxray_crps, fc, obs, "fair"), repeat)
+        scores_s, ref = best_of(partial(crps_for_ensemble, fc, obs, "member", method="fair", preserve_dims="all"),
+                                repeat)
+        row = {"members": k, "wxray_s": fair_s, "scores_s": scores_s, "max_rel_diff": max_rel_diff(fair, ref, dims)}
+        if xskillscore is not None:
+            ecdf_s, ecdf = best_of(partial(wxray_crps, fc, obs, "ecdf"), repeat)
+            xs_s, xs = best_of(partial(xskillscore.crps_ensemble, obs, fc, member_dim="member", dim=[]), repeat)
+            row.update(ecdf_s=ecdf_s, xskillscore_s=xs_s, ecdf_max_rel_diff=max_rel_diff(ecdf, xs, dims))
+        rows.append(row)
     return rows
 
 
@@ -159,6 +189,7 @@ def main() -> None:
     p.add_argument("--budgets", default=",".join(f"{b:g}" for b in BUDGETS), help="block_mib values (MiB)")
     p.add_argument("--tree", default=None, help="run the children against this checkout (no block keys)")
     p.add_argument("--workers", type=int, default=1)
+    p.add_argument("--ray-tasks", type=int, default=0, help="score the blocks on N Ray tasks (a local cluster)")
     p.add_argument("--no-crps", action="store_true")
     p.add_argument("--json", default=None)
     a = p.parse_args()
@@ -183,6 +214,7 @@ def main() -> None:
                     f"out_dir={tmp / 'runs' / fc.stem}_{cfg['budget']:g}"]
             if not a.tree:
                 args += [f"block_mib={cfg['budget']}", f"workers={a.workers}"]
+                args += [f"ray_tasks={a.ray_tasks}"] if a.ray_tasks else []
             r = run_child(args, a.tree)
             rows.append({**cfg, "grid": f"{nlat}x{nlon}", "points": nlat * nlon, **r,
                          "scoring_mib": r["peak_mib"] - base["peak_mib"]})
@@ -195,7 +227,8 @@ def main() -> None:
 
 
 def report(rows: list[dict], base: dict, crps: list[dict], budgets, a, total: float) -> None:
-    print(f"\n{'checkout ' + a.tree if a.tree else 'this checkout'}; workers {a.workers}; {os.cpu_count()} CPUs; "
+    where = f"ray_tasks {a.ray_tasks}" if a.ray_tasks else f"workers {a.workers}"
+    print(f"\n{'checkout ' + a.tree if a.tree else 'this checkout'}; {where}; {os.cpu_count()} CPUs; "
           f"import alone: peak {base['peak_mib']:.0f} MiB; total {total:.0f} s\n")
     extra = " largest worker's peak [MiB] |" if a.workers > 1 else ""
     print(f"| sweep | block_mib | inits | members | grid | peak RSS [MiB] | scoring (peak - import) [MiB] | "
@@ -220,12 +253,14 @@ def report(rows: list[dict], base: dict, crps: list[dict], budgets, a, total: fl
             label = "old code" if a.tree else f"{budget:g}"
             print(f"| {sweep} | {label} | {peak:.2f} | {slope(x, scoring):.2f} | {wall:.2f} |")
     if crps:
-        print(f"\nfair CRPS per point of {' x '.join(map(str, CRPS_SHAPE))} float64 fields (best of 3):\n")
-        print("| members | wxray crps_terms().fair() [s] | scores crps_for_ensemble(fair) [s] | max rel diff |")
-        print("|---|---|---|---|")
+        xs = "xskillscore_s" in crps[0]
+        print(f"\nCRPS per point of {' x '.join(map(str, CRPS_SHAPE))} float64 fields (best of 3):\n")
+        print("| members | wxray crps_terms().fair() [s] | scores crps_for_ensemble(fair) [s] | max rel diff |"
+              + (" wxray .ecdf() [s] | xskillscore crps_ensemble [s] | max rel diff |" if xs else ""))
+        print("|---|---|---|---|" + ("---|---|---|" if xs else ""))
         for r in crps:
-            print(f"| {r['members']} | {r['wxray_s']:.3f} | {r['scores_s']:.3f} | {r['max_rel_diff']:.1e} |")
-
+            print(f"| {r['members']} | {r['wxray_s']:.3f} | {r['scores_s']:.3f} | {r['max_rel_diff']:.1e} |"
+                  + (f" {r['ecdf_s']:.3f} | {r['xskillscore_s']:.3f} | {r['ecdf_max_rel_diff']:.1e} |" if xs else ""))
 
 if __name__ == "__main__":
     main()

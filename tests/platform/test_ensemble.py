@@ -15,6 +15,7 @@ from wxray.data.schema import TIME, open_store
 from wxray.errors import ConfigError, WxrayError
 from wxray.forecast.nested import Plan, UnitModels, run_unit
 from wxray.forecast.stages import build_encoder
+from wxray.forecast.workers import WorkersConfig
 from wxray.models import StochasticEncoder
 from wxray.models.registry import build_forecaster
 from wxray.platform.cluster.replicas import actor_capacity
@@ -87,8 +88,9 @@ def _run(setup, plan, out, actors=1, kill=False, write=None, denied: Plan | None
         if not r:
             (write or store.write)(a, i, unit)
 
-    fan_out(_models(setup), runs, units, times, lambda a: reader.inputs(anchors[[a]]), put, actors=actors,
-            num_cpus=1, num_gpus=0, device="cpu", on_started=handles.extend, progress=progress)
+    fan_out(_models(setup), runs, units, times, lambda a: reader.inputs(anchors[[a]]), put,
+            workers=WorkersConfig(actors=actors, num_cpus=1, device="cpu"), on_started=handles.extend,
+            progress=progress)
     return store.finish()
 
 
@@ -147,8 +149,8 @@ def test_actors_kill_and_resume_give_the_same_members_and_moments_the_same_split
         torch.set_num_threads(threads)
     assert not np.allclose(got[0, 0, 0], got[1, 0, 0])
     with pytest.raises(ValueError, match="differ only in their denied streams"):
-        fan_out(_models(setup), [plan, replace(plan, seed=8)], [(0, 0, 0)], setup[-1], None, None, actors=1,
-                num_cpus=1, num_gpus=0)
+        fan_out(_models(setup), [plan, replace(plan, seed=8)], [(0, 0, 0)], setup[-1], None, None,
+                workers=WorkersConfig(actors=1))
     assert ref.geopotential.dims[:5] == ("init_time", "lead_time", "encoder_draw", "dropout_draw", "routing_draw")
     assert int(ref.geopotential.isnull().sum()) == 0 and not (tmp_path / "one" / DONE).exists()
     assert xr.open_zarr(one["fields"]).geopotential.encoding["chunks"][:3] == (1, 3, 1)  # a unit, all leads

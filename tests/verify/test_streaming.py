@@ -18,7 +18,7 @@ from wxray.verify.forecasts import persistence_forecast, truth_at
 from wxray.verify.scorecard import Model, build_scorecard
 from wxray.verify.spatial import spatial_weights
 
-N_INIT = 10
+N_INIT = 7
 ALL = 10**6  # MiB: one block of every init, whole grid
 
 
@@ -88,7 +88,11 @@ BANDS_MIB = {case: 6 * 32 * values * 8 / MIB for case, values in
 
 
 @pytest.mark.parametrize("case", ["deterministic", "ensemble", "nested", "skipna_region"])
-def test_latitude_bands_give_the_scorecard_of_the_whole_grid(inputs, reference, case, monkeypatch):
+def test_latitude_bands_give_the_scorecard_of_the_whole_grid(inputs, case, monkeypatch):
+    """On one channel (2m_temperature, where the holes are): a band's cost is per init and channel, and the
+    channels are scored alike (init blocks: both)."""
+    one = inputs[1][-1:]
+    whole = card(inputs, case, one, init_block=N_INIT, block_mib=ALL)
     starts = set()
     score_band = streaming._score_band
 
@@ -97,12 +101,12 @@ def test_latitude_bands_give_the_scorecard_of_the_whole_grid(inputs, reference, 
         return score_band(task, rows, band, acc)
 
     monkeypatch.setattr(streaming, "_score_band", spy)
-    banded = card(inputs, case, block_mib=BANDS_MIB[case])
+    banded = card(inputs, case, one, block_mib=BANDS_MIB[case])
     assert starts == {0, 6, 12}
-    assert_same(banded, reference[case], banded=True)
+    assert_same(banded, whole, banded=True)
 
 
-@pytest.mark.parametrize("case", ["deterministic", "ensemble", "nested"])
+@pytest.mark.parametrize("case", ["deterministic", "nested"])
 def test_worker_processes_give_the_same_scorecard_to_the_bit(inputs, case):
     one = card(inputs, case, init_block=3, block_mib=ALL)
     two = card(inputs, case, init_block=3, block_mib=ALL, workers=2)
@@ -120,8 +124,8 @@ def test_a_custom_block_map_scores_every_block_in_order(inputs, reference):
     got = card(inputs, "ensemble", init_block=4, block_mib=ALL, map_blocks=recording_map)
     assert_same(got, reference["ensemble"])
     ds, chans, cases = inputs
-    per_lead = [len(c) for c in calls[:3]]
-    assert per_lead == [4, 4, 2] and len(calls) == len(chans) * 2 * 3
+    per_lead = [len(c) for c in calls[:2]]
+    assert per_lead == [4, 3] and len(calls) == len(chans) * 2 * 2
     assert isinstance(block_map(2), ProcessMap) and block_map(1) is map
 
 
@@ -184,12 +188,12 @@ def test_no_block_loads_more_than_its_budget(inputs, monkeypatch):
     budget = 0.1  # MiB: 3 inits of K + 2 = 8 values per point on 16 x 32 points (96 KiB) fit, 4 do not
     card(inputs, "ensemble", block_mib=budget)
     sizes = {a.sizes[INIT] for a in loaded}
-    assert max(a.nbytes for a in loaded) <= budget * MIB and sizes == {3, 1}  # 10 inits: 3 + 3 + 3 + 1
+    assert max(a.nbytes for a in loaded) <= budget * MIB and sizes == {3, 1}  # 7 inits: 3 + 3 + 1
 
 
 def test_the_job_takes_its_block_keys(store_path, tmp_path, capsys):
     """jobs/evaluate.py with init_block, block_mib and workers: the scorecard and RESULT of the default run."""
-    forecast = persistence_file(store_path, tmp_path, n_init=8, leads=(6, 24))
+    forecast = persistence_file(store_path, tmp_path, n_init=5, leads=(6, 24))
     runs = {}
     for name, keys in (("default", []), ("blocks", ["init_block=3", "workers=2"]), ("bands", ["block_mib=0.005"])):
         out = tmp_path / name

@@ -15,7 +15,7 @@ NVIDIA and AMD nodes at once (`placement.actor_options`), each on the device its
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -73,21 +73,28 @@ class _Replica:
         self.device = actor_device(device)
         self.work = None
 
-    def run(self, work: list[Any], item: Any) -> Any:
+    def run(self, work: list[Any], item: Any, *args: Any) -> Any:
         if self.work is None:
             import ray
 
             self.work = ray.get(work[0]).to(self.device)
-        return self.work(item)
+        return self.work(item, *args)
 
 
 class ReplicaRunner:
-    """`runner(work, items)`: the items done on `workers.actors` replicas of `work`, yielded as they finish."""
+    """`runner(work, items)`: `work(item)` for each item on `workers.actors` replicas of `work` (its
+    `.to(device)` gives the replica), yielded as they finish, in any order.
 
-    def __init__(self, workers: WorkersConfig):
-        self.workers = workers
+    `args(item)`, called as each item is handed out, gives extra arguments sent with it; object references
+    among them are fetched on the actor (an ensemble init's inputs, put once for all its units).
+    `on_started(handles)` is called once the actors exist (tests kill one). `what` ("a forecast actor")
+    and `unit` ("batch(es)") word the error when an actor dies for good."""
 
-    def __call__(self, work: Any, items: Sequence[Any]) -> Iterator[Any]:
+    def __init__(self, workers: WorkersConfig, what: str = "a forecast actor", unit: str = "batch(es)"):
+        self.workers, self.what, self.unit = workers, what, unit
+
+    def __call__(self, work: Any, items: Sequence[Any], *, args: Callable[[Any], tuple] | None = None,
+                 on_started: Callable[[list[Any]], None] | None = None) -> Iterator[Any]:
         import ray
 
         if not items:
@@ -101,10 +108,13 @@ class ReplicaRunner:
                                            max_task_retries=w.max_restarts,
                                            **actor_options(w.num_gpus, w.vendor, key="workers.num_gpus"))
         handles = [cls.remote(w.device, threads) for _ in range(actors)]
+        if on_started is not None:
+            on_started(handles)
         queue, pending, finished = list(items), {}, 0
 
         def submit(k: int) -> None:
-            pending[handles[k].run.remote([ref], queue.pop(0))] = k
+            item = queue.pop(0)
+            pending[handles[k].run.remote([ref], item, *(args(item) if args else ()))] = k
 
         try:
             for k in range(actors):
@@ -117,9 +127,9 @@ class ReplicaRunner:
                 try:
                     result = ray.get(ready)
                 except ray.exceptions.RayActorError as e:
-                    raise WxrayError(f"a forecast actor died more than workers.max_restarts={w.max_restarts} "
+                    raise WxrayError(f"{self.what} died more than workers.max_restarts={w.max_restarts} "
                                      f"times ({type(e).__name__}); re-run into the same out_dir to continue from "
-                                     f"the {finished} batch(es) written") from None
+                                     f"the {finished} {self.unit} written") from None
                 finished += 1
                 yield result
                 if queue:

@@ -172,8 +172,7 @@ def run_members(cfg: EnsembleConfig, ctx: JobContext, models: UnitModels, layout
         with tqdm(total=total, initial=total - len(units), desc="ensemble units", unit="unit") as bar:
             fan_out(models, [lay.plan for lay in layouts], units, layouts[0].init_times,
                     lambda a: reader.inputs(anchors[[a]]), lambda r, a, i, unit: stores[r].write(a, i, unit),
-                    actors=w.actors, num_cpus=w.num_cpus, num_gpus=w.num_gpus, vendor=w.vendor, device=w.device,
-                    max_restarts=w.max_restarts, progress=bar.update)
+                    workers=w, progress=bar.update)
     return [store.finish() for store in stores]
 
 
