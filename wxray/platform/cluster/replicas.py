@@ -1,9 +1,10 @@
 """Work on model replicas held by Ray actors: any picklable work object (a `forecast.forecaster.BatchWriter`:
-model, store and seeds) is sent to `actors` actors once, each moves it to its device, and the items (batches of
-(init, member) samples) are handed out two at a time per actor and yielded back as they finish, in any order.
+model, store and seeds; the nested ensemble's models and plans, `ensemble.actors`) is sent to `actors` actors
+once, each moves it to its device, and the items (batches of (init, member) samples; ensemble units) are
+handed out two at a time per actor and yielded back as they finish, in any order.
 
-The work writes its own output where every actor can reach it (the one forecast.zarr, by region); only a
-small result (the batch written) comes back, so the driver's memory does not grow with the output. Failures:
+The forecast's work writes its own output where every actor can reach it (the one forecast.zarr, by region);
+only a small result (the batch written) comes back, so the driver's memory does not grow with the output. Failures:
 an actor that dies is restarted (`max_restarts`) and its in-flight items are retried; the items' draws derive
 from their coordinates (`forecast/seeds.py`), so a recomputed item is bit-identical.
 
