@@ -11,6 +11,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("argv, needle", [
     (["model.keep_ratio=2"], "error: config key 'model.keep_ratio' must be in (0, 1], got 2.0"),
     (["model.depht=4"], "error: unknown config key 'model.depht'"),
@@ -27,6 +28,7 @@ def test_train_job_rejects_bad_config_in_one_line(tmp_path, argv, needle):
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_errors_after_ray_starts_are_still_one_line(tmp_path):
     """Ray's own start-up lines (token authentication, ...) stay off the console unless --verbose."""
     out = tmp_path / "run"

@@ -178,6 +178,7 @@ def _energy(ds: xr.Dataset) -> np.ndarray:
 # The paper's grids, one trajectory each (k = 0) for as many days as the former 900 s * 32/nlat step took to
 # raise "became unstable" (non-finite) on it: 64x128 seeds 0 and 2 by day 5, 128x256 seed 0 by day 2 and
 # seed 1 by day 3. 64x128 seed 1 (the other seed) survived it, so seed 2 stands in.
+@pytest.mark.slow
 @pytest.mark.parametrize(("grid", "seed", "days"), [
     pytest.param((64, 128), 0, 4, id="64x128-seed0"), pytest.param((64, 128), 2, 4, id="64x128-seed2"),
     pytest.param((128, 256), 0, 1, id="128x256-seed0", marks=pytest.mark.slow),

@@ -31,6 +31,7 @@ def test_a_scheme_without_its_backend_names_the_package():
         open_store("gs://wb2/era5.zarr")
 
 
+@pytest.mark.slow
 def test_a_store_in_a_bucket_reads_as_the_same_store_on_disk(s3_wave_store, wave_store):
     remote, local = open_store(s3_wave_store), open_store(wave_store)
     assert remote.geopotential.encoding.get("chunks") == local.geopotential.encoding.get("chunks")
@@ -39,6 +40,7 @@ def test_a_store_in_a_bucket_reads_as_the_same_store_on_disk(s3_wave_store, wave
     np.testing.assert_array_equal(rs.std.temperature.values, ls.std.temperature.values)
 
 
+@pytest.mark.slow
 def test_windows_through_ray_data_from_the_bucket_equal_the_local_reader(ray_session, s3_wave_store, wave_store):
     # Ray's workers read the bucket themselves (the endpoint and credentials from their environment)
     datasets, data = build_datasets(DataConfig(store=s3_wave_store, history=2, lead_steps=1))

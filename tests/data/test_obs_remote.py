@@ -98,6 +98,7 @@ def test_end_to_end_rows_and_station_table_from_a_url_equal_those_on_disk(remote
     assert len(tables[1]) > 10
 
 
+@pytest.mark.slow
 def test_end_to_end_rows_through_ray_data_from_a_url_equal_the_local_reader(ray_session, remote_obs, small_store):
     # Ray's read tasks open the bucket's streams themselves (the endpoint and credentials from their environment)
     local, remote = (prepare_e2e(ObsDataConfig(store=str(small_store), obs_dir=str(p), history=1, lead_steps=1), 2)

@@ -44,6 +44,7 @@ def _run(capsys, main, argv):
     return rc, (json.loads(lines[-1][7:]) if lines else None), cap.err
 
 
+@pytest.mark.slow
 def test_a_view_of_a_bucket_reads_as_the_copy_of_the_same_source(arco, ray_session, tmp_path, capsys):
     local, url = arco
     pick = ["variables=[geopotential,temperature,2m_temperature]", "levels=[850]",

@@ -31,6 +31,7 @@ from wxray.provenance import store_fingerprint
 from wxray.verify.evaluate import EvaluateConfig, evaluate
 
 
+@pytest.mark.slow
 def test_routing_members_forecast_recomputes_alone_and_evaluates(store, tmp_path, capsys):
     ckpt, model, spec = save_checkpoint(tmp_path / "ckpt", store, "crop")
     out = tmp_path / "fc"
@@ -68,6 +69,7 @@ def test_routing_members_forecast_recomputes_alone_and_evaluates(store, tmp_path
     assert any(k.startswith("ssr.geopotential_500") for k in card), card
 
 
+@pytest.mark.slow
 def test_edm_members_are_samples_that_recompute_alone_and_evaluate(store, tmp_path, capsys):
     """A generative checkpoint: member m of an init is one EDM sample from its (seed, init, m) generator,
     fed back as history at the next lead; jobs/evaluate.py scores the ensemble (CRPS, spread-skill)."""
@@ -196,6 +198,7 @@ def test_device_this_machine_lacks_is_one_line_before_the_job_starts(store, tmp_
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_training_evaluation_and_forecast_job_make_one_forecast(store, tmp_path, capsys):
     """After training (evaluate_checkpoint) and the forecast job share one pipeline: the same checkpoint,
     inits, steps and seed give the same forecast.zarr and per-lead scores."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 import xarray as xr
 import zarr
 
@@ -26,6 +27,7 @@ def _argv(ckpt, out, uri, *extra):
             f"inits={TRAJECTORY_1}", "seed=5", "batch_size=4", *extra]
 
 
+@pytest.mark.slow
 def test_streamed_store_equals_the_rollout_and_is_chunked_for_readers(store, tmp_path, capsys):
     ckpt, model, spec = save_checkpoint(tmp_path / "ckpt", store, "crop")
     rc, res, err = run_captured(capsys, "forecast", ForecastConfig, forecast,
@@ -54,6 +56,7 @@ def test_lead_chunk_is_a_few_leads_and_whole_fields():
     assert chunk(40, (256, 512)) == 2  # 512 KB fields: two a chunk
 
 
+@pytest.mark.slow
 def test_a_stopped_forecast_continues_with_only_the_missing_samples(store, tmp_path, capsys, monkeypatch):
     ckpt, *_ = save_checkpoint(tmp_path / "ckpt", store, "crop")
     uri = fresh_uri(tmp_path)

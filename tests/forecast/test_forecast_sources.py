@@ -46,6 +46,7 @@ def doubled(store, tmp_path_factory):
     return path
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("checkpoint", ["normalisation in meta.json", "older: the training store's stats"])
 def test_another_store_is_normalised_with_the_training_statistics(store, doubled, tmp_path, capsys, monkeypatch,
                                                                    checkpoint):
@@ -127,6 +128,7 @@ def test_a_store_with_other_channels_is_refused_before_any_work(store, tmp_path,
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_a_store_in_a_bucket_forecasts_as_the_same_store_on_disk(store, s3_server, tmp_path, capsys):
     fs, _ = location.filesystem("s3://forecast")
     fs.mkdir("forecast")
@@ -167,6 +169,7 @@ def test_a_store_in_a_bucket_forecasts_as_the_same_store_on_disk(store, s3_serve
     assert rc == 2 and "forecast s3://forecast/none.zarr does not exist" in err and not (tmp_path / "ev_bad").exists()
 
 
+@pytest.mark.slow
 def test_anonymous_reads_a_public_bucket_without_credentials(store, s3_server, tmp_path, capsys, monkeypatch):
     """`anonymous=true`: a public bucket (WeatherBench 2, ARCO) is read with no credentials anywhere; a private
     one is then refused in one line naming the URL, with nothing written."""

@@ -45,6 +45,7 @@ def _assert_same_step(eager, compiled):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", [n if n == "reslim" else pytest.param(n, marks=pytest.mark.slow) for n in MODELS])
 def test_every_model_trains_compiled_with_the_eager_numbers(name, tiny_kwargs, tiny_input):
     torch.manual_seed(0)

@@ -80,6 +80,7 @@ def test_two_workers_see_every_window_and_observation_exactly_once_per_epoch(ray
             assert sorted(together) == expected[what], f"one of the {what} was skipped"
 
 
+@pytest.mark.slow
 def test_ray_pipeline_yields_same_windows_as_plain_reader(ray_session, tiny_store):
     path, _ = tiny_store
     cfg = DataConfig(store=str(path), generate_sample=False, history=2, lead_steps=1)

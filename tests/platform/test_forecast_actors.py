@@ -4,6 +4,7 @@ writing one forecast.zarr (wxray/platform/ensemble/forecast.py, wxray/platform/c
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import xarray as xr
 
 from tests.forecast.forecast_helpers import TRAJECTORY_1, run_captured, save_checkpoint, write_forecast_store
@@ -12,6 +13,7 @@ from wxray.forecast.job import ForecastConfig, forecast
 from wxray.platform.ensemble.forecast import forecast_job
 
 
+@pytest.mark.slow
 def test_actors_write_one_store_equal_to_the_in_process_forecast(ray_session, tmp_path, capsys):
     store = write_forecast_store(tmp_path / "odd.zarr")
     ckpt, *_ = save_checkpoint(tmp_path / "ckpt", store, "crop")
@@ -41,6 +43,7 @@ def test_more_actors_than_the_cluster_holds_is_refused_before_anything_is_writte
     assert not (out / "forecast.zarr.partial").exists()
 
 
+@pytest.mark.slow
 def test_evaluate_blocks_on_ray_tasks_give_the_same_scorecard(ray_session, tmp_path, capsys):
     from wxray.platform.ensemble.evaluate import evaluate_job
     from wxray.verify.evaluate import EvaluateConfig

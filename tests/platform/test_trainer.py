@@ -186,6 +186,7 @@ def test_unknown_channel_in_var_weights_is_an_error(tmp_path, wave_store, capsys
             "temperature_500)") in err.strip().splitlines()[-1]
 
 
+@pytest.mark.slow
 def test_unreachable_cluster_is_an_error_after_the_timeout(tmp_path, wave_store):
     # A fresh process: this test session's own cluster would otherwise be reused.
     p = subprocess.run([sys.executable, str(ROOT / "jobs" / "train_sparse.py"), f"data.store={wave_store}",

@@ -51,6 +51,7 @@ def test_truth_store_and_file_north_to_south_in_minus_180_score_the_same(canonic
     _same_scores(got, want, [m for m in want.metric.values if m != "acc"])
 
 
+@pytest.mark.slow
 def test_forecast_and_baseline_north_to_south_in_minus_180_score_the_same(canonical, tmp_path, capsys):
     ds = open_store(canonical)
     fc = persistence_forecast(ds, ds.time.values[:12], [6, 24])
@@ -98,6 +99,7 @@ def test_regional_truth_crossing_greenwich_scores_like_the_global_one(canonical,
     assert np.isfinite(whole["value"].values).all()
 
 
+@pytest.mark.slow
 def test_cropped_forecast_is_scored_on_its_truth_points(canonical, tmp_path, capsys):
     """A forecast on a block of the truth grid (a model grid cropped to fit its patches: here the southmost
     row and three columns dropped) is scored on those truth points, not refused and not interpolated: the
@@ -127,6 +129,7 @@ def test_cropped_forecast_is_scored_on_its_truth_points(canonical, tmp_path, cap
     assert rc == 2 and "grid 8x32 differs from the truth grid 16x32" in err
 
 
+@pytest.mark.slow
 def test_regional_forecast_across_greenwich_is_scored_on_its_points_of_a_global_truth(canonical, tmp_path, capsys):
     """A regional forecast written in (-180, 180] as wxray's rollout writes a box across 0 E: the truth's
     points from 315 E eastwards to 45 E as -45..45, against the global [0, 360) truth. It is scored on those

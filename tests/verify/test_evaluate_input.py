@@ -114,6 +114,7 @@ def test_corrupted_grib_is_the_data_pipelines_one_line_error(store_path, tmp_pat
     assert not out_dir.exists()
 
 
+@pytest.mark.slow
 def test_corrupted_grib_truth_through_the_script(store_path, tmp_path):
     forecast = persistence_file(store_path, tmp_path, n_init=8, leads=(6,))
     out_dir = tmp_path / "run"
@@ -203,6 +204,7 @@ def test_a_truncated_netcdf_truth_says_so(store_path, tmp_path, capsys):
     assert rc == 2 and err.strip().startswith(f"error: truth {cut}: the NetCDF file is truncated or corrupt"), err
 
 
+@pytest.mark.slow
 def test_job_script_exits_non_zero_with_one_line_on_bad_input(store_path, tmp_path):
     ds = open_store(store_path)
     forecast = write_zarr(_coarse(persistence_forecast(ds, ds.time.values[:12], [6])), tmp_path / "coarse.zarr")

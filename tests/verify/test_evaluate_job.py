@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CHANNELS = ("geopotential_500", "geopotential_850", "2m_temperature")
 
 
+@pytest.mark.slow
 def test_persistence_scorecard_plots_mlflow_and_result(store_path, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)  # MLflow's default artifact root (./mlruns) is relative to the cwd
     forecast = persistence_file(store_path, tmp_path)
@@ -81,6 +82,7 @@ def test_persistence_scorecard_plots_mlflow_and_result(store_path, tmp_path, cap
     assert (tmp_path / "mlartifacts").is_dir()  # beside the sqlite store, not in ./mlruns
 
 
+@pytest.mark.slow
 def test_nested_ensemble_against_persistence_baseline(store_path, tmp_path, capsys):
     ds = open_store(store_path)
     inits = ds.time.values[:16]
@@ -139,6 +141,7 @@ def test_nested_ensemble_against_persistence_baseline(store_path, tmp_path, caps
         assert (out_dir / "plots" / name).is_file(), name
 
 
+@pytest.mark.slow
 def test_real_era5_members_against_held_out_member_and_their_mean(tmp_path, capsys):
     grib = str(ERA5_MEMBERS)
     # Member 0 of the ERA5 EDA is the unperturbed control; hold out a perturbed one. The file has 4 times:
@@ -210,6 +213,7 @@ def test_a_routing_level_is_a_third_branch_of_the_scorecard():
         np.testing.assert_allclose(series[key], two[key], rtol=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n_init, method", [(5, "fixed-b"), (3, "paper"), (1, "fixed-b")])
 def test_too_few_inits_for_the_intervals_still_scores(store_path, tmp_path, capsys, n_init, method):
     """Fewer inits than the method's intervals need: the scores without intervals or significance, marked so

@@ -56,6 +56,7 @@ def _visible(fig):
     return [ax for ax in fig.axes if ax.get_visible() and ax.get_label() != "<colorbar>"]
 
 
+@pytest.mark.slow
 def test_every_figure_is_saved_and_inspectable(compared):
     card, _, saved, out_dir = compared
     files = sorted(p.name for p in (out_dir / "plots").iterdir())

@@ -87,6 +87,7 @@ BANDS_MIB = {case: 6 * 32 * values * 8 / MIB for case, values in
              (("deterministic", 3), ("ensemble", 8), ("nested", 7), ("skipna_region", 8))}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["deterministic", "ensemble", "nested", "skipna_region"])
 def test_latitude_bands_give_the_scorecard_of_the_whole_grid(inputs, case, monkeypatch):
     """On one channel (2m_temperature, where the holes are): a band's cost is per init and channel, and the
@@ -129,6 +130,7 @@ def test_a_custom_block_map_scores_every_block_in_order(inputs, reference):
     assert isinstance(block_map(2), ProcessMap) and block_map(1) is map
 
 
+@pytest.mark.slow
 def test_maps_and_rank_histogram_equal_the_in_memory_functions(inputs):
     """The streamed time-mean maps and rank histogram (block sums, band rows, one sort) against the whole-lead
     fields: the CRPS and variance fields' init means, and `scores`' rank histogram (`ensemble.rank_histogram`)."""
@@ -191,6 +193,7 @@ def test_no_block_loads_more_than_its_budget(inputs, monkeypatch):
     assert max(a.nbytes for a in loaded) <= budget * MIB and sizes == {3, 1}  # 7 inits: 3 + 3 + 1
 
 
+@pytest.mark.slow
 def test_the_job_takes_its_block_keys(store_path, tmp_path, capsys):
     """jobs/evaluate.py with init_block, block_mib and workers: the scorecard and RESULT of the default run."""
     forecast = persistence_file(store_path, tmp_path, n_init=5, leads=(6, 24))
