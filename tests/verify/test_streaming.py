@@ -13,7 +13,7 @@ from wxray.data.schema import INIT, LAT, LEAD, channels, open_climatology, open_
 from wxray.errors import ConfigError
 from wxray.verify import ensemble as ens
 from wxray.verify import streaming
-from wxray.verify.blocks import MIB, ProcessMap, bands, block_map, plan_blocks
+from wxray.verify.blocks import MIB, ProcessMap, bands, block_map, ordered_ahead, plan_blocks
 from wxray.verify.forecasts import persistence_forecast, truth_at
 from wxray.verify.scorecard import Model, build_scorecard
 from wxray.verify.spatial import spatial_weights
@@ -131,6 +131,27 @@ def test_a_custom_block_map_scores_every_block_in_order(inputs, reference):
 
 
 @pytest.mark.slow
+def test_ordered_ahead_keeps_the_order_bounds_what_is_in_flight_and_cancels_the_rest():
+    """The shape of both block maps (worker processes, Ray tasks): work submitted ahead, results in order."""
+    submitted, done, cancelled = [], [], []
+
+    def submit(x, y):
+        submitted.append(x)
+        return x, y
+
+    def result(work):
+        done.append(work[0])
+        assert len(submitted) - len(done) <= 2  # the awaited one and at most `ahead` = 2 beyond it
+        return work[0] * work[1]
+
+    assert list(ordered_ahead(submit, result, [range(7), range(10, 17)], 2)) == [x * (x + 10) for x in range(7)]
+    submitted.clear(), done.clear()
+    it = ordered_ahead(submit, result, [range(7), range(7)], 2, cancel=lambda w: cancelled.append(w[0]))
+    assert [next(it), next(it)] == [0, 1]
+    it.close()  # abandoned: what was submitted and not awaited is dropped
+    assert cancelled == [2, 3]
+
+
 def test_maps_and_rank_histogram_equal_the_in_memory_functions(inputs):
     """The streamed time-mean maps and rank histogram (block sums, band rows, one sort) against the whole-lead
     fields: the CRPS and variance fields' init means, and `scores`' rank histogram (`ensemble.rank_histogram`)."""

@@ -27,7 +27,9 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from multiprocessing import get_context
+from typing import Any
 
 from wxray.errors import ConfigError
 
@@ -72,26 +74,37 @@ def plan_blocks(n_init: int, nlat: int, nlon: int, values_per_point: int, init_b
     return BlockPlan(init_block, min(rows, nlat), nlat)
 
 
+def ordered_ahead(submit: Callable[..., Any], result: Callable[[Any], Any], iterables: Iterable[Iterable],
+                  ahead: int, cancel: Callable[[Any], Any] | None = None) -> Iterator:
+    """`result(submit(*args))` for each `args` of `zip(*iterables)`, in order, at most `ahead` submitted
+    beyond the one awaited: the inputs in flight, not all of them, are held. `submit` starts one item's work (a
+    future, a Ray object reference) and `result` waits for it; on an error or an abandoned iteration `cancel`
+    drops what is still pending."""
+    pending: deque = deque()
+    try:
+        for args in zip(*iterables):
+            pending.append(submit(*args))
+            if len(pending) > ahead:
+                yield result(pending.popleft())
+        while pending:
+            yield result(pending.popleft())
+    finally:
+        if cancel is not None:
+            for work in pending:
+                cancel(work)
+
+
 class ProcessMap:
     """`map` over `workers` processes (spawned: no fork of a threaded parent), results in order, at most
-    2 x workers blocks submitted ahead of the one awaited (a block's inputs, not all of them, in flight)."""
+    2 x workers blocks in flight (a block's inputs, not all of them)."""
 
     def __init__(self, workers: int):
         self.workers = workers
 
     def __call__(self, fn: Callable, *iterables: Iterable) -> Iterator:
-        pending: deque[Future] = deque()
         with ProcessPoolExecutor(self.workers, mp_context=get_context("spawn")) as pool:
-            try:
-                for args in zip(*iterables):
-                    pending.append(pool.submit(fn, *args))
-                    if len(pending) >= 2 * self.workers:
-                        yield pending.popleft().result()
-                while pending:
-                    yield pending.popleft().result()
-            finally:  # an error or an abandoned iteration: drop what has not started
-                for f in pending:
-                    f.cancel()
+            yield from ordered_ahead(partial(pool.submit, fn), Future.result, iterables, 2 * self.workers - 1,
+                                     cancel=Future.cancel)
 
 
 def block_map(workers: int = 1) -> Callable:

@@ -24,6 +24,7 @@ import torch
 from wxray.errors import ConfigError, WxrayError
 from wxray.forecast.workers import WorkersConfig
 from wxray.platform.cluster.placement import actor_options, cluster_nodes, device_for_actor
+from wxray.verify.blocks import ordered_ahead
 
 
 def actor_capacity(nodes: Iterable[dict[str, float]], num_cpus: float, num_gpus: float) -> int:
@@ -141,9 +142,10 @@ class ReplicaRunner:
 
 
 class TaskMap:
-    """`map(fn, *iterables)` on Ray tasks across the cluster: results in order, at most 2 x `tasks` submitted
-    ahead of the one awaited (so the inputs in flight, not all of them, are in the object store). For work
-    whose items are independent and small to describe (the scorecard's blocks: `verify.blocks`)."""
+    """`map(fn, *iterables)` on Ray tasks across the cluster: results in order, at most 2 x `tasks` in flight
+    (so the inputs in flight, not all of them, are in the object store; `verify.blocks.ordered_ahead`, as the
+    worker processes' map). For work whose items are independent and small to describe (the scorecard's
+    blocks: `verify.blocks`)."""
 
     def __init__(self, tasks: int, num_cpus: float = 1.0):
         self.tasks, self.num_cpus = tasks, num_cpus
@@ -152,10 +154,4 @@ class TaskMap:
         import ray
 
         remote = ray.remote(fn).options(num_cpus=self.num_cpus)
-        pending: list[Any] = []
-        for args in zip(*iterables, strict=False):
-            pending.append(remote.remote(*args))
-            if len(pending) >= 2 * self.tasks:
-                yield ray.get(pending.pop(0))
-        while pending:
-            yield ray.get(pending.pop(0))
+        yield from ordered_ahead(remote.remote, ray.get, iterables, 2 * self.tasks - 1, cancel=ray.cancel)
