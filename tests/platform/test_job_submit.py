@@ -44,6 +44,20 @@ def _stop(proc: subprocess.Popen) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
 
 
+def _head_up(tmp_path: Path, bin_dir: Path, env: dict) -> tuple[int, dict[str, int]]:
+    """The head on free ports, as `make ray-up` starts it: its pid and ports. Picked again when one
+    is taken before the head binds it (the other test worker's Ray can take a port freed a moment ago)."""
+    for attempt in range(3):
+        ports = {"port": free_port(), "dashboard-port": free_port(), "dashboard-agent-listen-port": free_port(),
+                 "ray-client-server-port": free_port()}
+        try:
+            return head.up(ports, 2, tmp_path / "ray-head.pid", tmp_path / "ray-head.log", ray=str(bin_dir / "ray"),
+                           env=env), ports
+        except head.HeadError:
+            if attempt == 2:
+                raise
+
+
 @pytest.mark.slow
 def test_train_job_runs_under_ray_job_submit_and_logs_to_an_mlflow_server(tmp_path):
     bin_dir = Path(sys.executable).parent
@@ -52,7 +66,7 @@ def test_train_job_runs_under_ray_job_submit_and_logs_to_an_mlflow_server(tmp_pa
     env.pop("MLFLOW_TRACKING_URI", None)
     store = tmp_path / "store.zarr"
     write_tiny_store(store, n_traj=2, steps=12, grid=(8, 16), levels=(500,))
-    gcs, dash, agent, mlflow_port = free_port(), free_port(), free_port(), free_port()
+    mlflow_port = free_port()
     # the server as `make mlflow-server` starts it: loopback, a sqlite backend, artifacts served over HTTP
     server = subprocess.Popen([str(bin_dir / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(mlflow_port),
                                "--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}", "--serve-artifacts",
@@ -62,11 +76,9 @@ def test_train_job_runs_under_ray_job_submit_and_logs_to_an_mlflow_server(tmp_pa
     # Started as `make ray-up` starts it (wxray.platform.cluster.head): --block in a session of its own, so the
     # head's processes are one process group, stopped together; the test never needs `ray stop` (which would
     # also stop the test session's own cluster). Free ports: the session cluster holds the defaults.
-    ports = {"port": gcs, "dashboard-port": dash, "dashboard-agent-listen-port": agent,
-             "ray-client-server-port": free_port()}
-    pid = head.up(ports, 2, tmp_path / "ray-head.pid", tmp_path / "ray-head.log", ray=str(bin_dir / "ray"), env=env)
+    pid, ports = _head_up(tmp_path, bin_dir, env)
     try:
-        address = f"http://127.0.0.1:{dash}"
+        address = f"http://127.0.0.1:{ports['dashboard-port']}"
         home = tmp_path / "project"  # the user's folder: the README recipe passes it as WXRAY_HOME
         _wait_for(f"{tracking}/health", server, "mlflow server")
         runtime_env = json.dumps({"env_vars": {"WXRAY_HOME": str(home), "MLFLOW_TRACKING_URI": tracking}})
@@ -133,5 +145,5 @@ def test_train_job_runs_under_ray_job_submit_and_logs_to_an_mlflow_server(tmp_pa
             time.sleep(0.2)
         # `ray start` records its address for later `ray.init()` calls; the cluster is gone now.
         current = Path("/tmp/ray/ray_current_cluster")
-        if current.exists() and current.read_text().strip().endswith(f":{gcs}"):
+        if current.exists() and current.read_text().strip().endswith(f":{ports['port']}"):
             current.unlink()
