@@ -20,8 +20,8 @@ from wxray.verify.deterministic import rmse
 from wxray.verify.ensemble import crps_fair
 from wxray.verify.evaluate import EvaluateConfig, evaluate
 from wxray.verify.forecasts import persistence_forecast, truth_at
+from wxray.verify.metrics import metrics_for, score_series
 from wxray.verify.plots import no_intervals_note
-from wxray.verify.scorecard import metrics_for, score_series
 
 ROOT = Path(__file__).resolve().parents[2]
 CHANNELS = ("geopotential_500", "geopotential_850", "2m_temperature")

@@ -258,7 +258,8 @@ def test_scorecard_uses_the_chosen_method(tmp_path):
     """The scorecard records its method, and its DM p-value and RMSE interval are the chosen method's own
     functions applied to the per-initialisation loss series (MSE for RMSE) of forecast and baseline."""
     from wxray.verify.forecasts import truth_at
-    from wxray.verify.scorecard import Model, build_scorecard, score_series
+    from wxray.verify.metrics import score_series
+    from wxray.verify.scorecard import Model, build_scorecard
 
     ds, data, noisy, chans = _scorecard_inputs(tmp_path)
     lead = data.lead_time.values[0]

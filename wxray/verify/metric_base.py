@@ -43,6 +43,7 @@ from typing import Any, ClassVar, TypeVar
 import numpy as np
 import xarray as xr
 
+from wxray.data.schema import INIT
 from wxray.verify import deterministic as det
 from wxray.verify import ensemble as ens
 from wxray.verify.spatial import spatial_mean
@@ -150,3 +151,16 @@ class MeanScore(Metric):
 
     def from_means(self, *means: np.ndarray) -> np.ndarray:
         return means[0]
+
+
+def series_of(f: Fields, metrics: list[Metric]) -> dict[str, xr.DataArray]:
+    """Every series input of `metrics` on these fields, {input: per-init values} (xarray)."""
+    out: dict[str, xr.DataArray] = {}
+    for m in metrics:
+        out.update(m.series(f))
+    return out
+
+
+def per_init(series: dict[str, xr.DataArray]) -> dict[str, np.ndarray]:
+    """The series as float64 arrays in init order."""
+    return {k: np.asarray(v.transpose(INIT).values, dtype=np.float64) for k, v in series.items()}

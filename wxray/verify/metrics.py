@@ -23,7 +23,6 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import xarray as xr
 
-from wxray.data.schema import INIT
 from wxray.verify import deterministic as det
 from wxray.verify import ensemble as ens
 from wxray.verify.ensemble_metrics import (
@@ -39,7 +38,7 @@ from wxray.verify.ensemble_metrics import (
     TotalSpreadSkill,
     lead_maps,
 )
-from wxray.verify.metric_base import Design, Fields, MeanScore, Metric, mean_squared_error
+from wxray.verify.metric_base import Design, Fields, MeanScore, Metric, mean_squared_error, per_init, series_of
 
 
 class RMSE(Metric):
@@ -179,9 +178,6 @@ def score_series(forecast: xr.DataArray, truth: xr.DataArray, climatology: xr.Da
     if metrics is None:
         metrics = metrics_for(ens.ensemble_size(forecast, member_dims) if member_dims else 1,
                               nested_draws(forecast.sizes, member_dims), climatology is not None)
-    s: dict[str, xr.DataArray] = {}
-    for m in metrics:
-        s.update(m.series(f))
-    series = {k: np.asarray(v.transpose(INIT).values, dtype=np.float64) for k, v in s.items()}
+    series = per_init(series_of(f, metrics))
     out_maps, hist = lead_maps(f) if maps else ({}, None)
     return series, out_maps, hist

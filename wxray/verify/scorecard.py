@@ -64,12 +64,7 @@ from wxray.verify.inference import (
     hac_interval,
     min_series_length,
 )
-from wxray.verify.metrics import (
-    Metric,
-    metrics_for,
-    nested_draws,
-    score_series,  # noqa: F401  (re-exported: one lead's series, in memory)
-)
+from wxray.verify.metrics import Metric, metrics_for, nested_draws
 from wxray.verify.streaming import BlockTask, LeadSums, score_block
 
 REL_DIFF_CONVENTION = "forecast / baseline - 1; negative is better for rmse/mae/crps, positive for acc/ssim"

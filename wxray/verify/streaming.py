@@ -26,7 +26,7 @@ import xarray as xr
 from wxray.data.schema import INIT, LAT, LON
 from wxray.verify.blocks import bands
 from wxray.verify.ensemble_metrics import lead_sums
-from wxray.verify.metric_base import Fields, Metric
+from wxray.verify.metric_base import Fields, Metric, per_init, series_of
 from wxray.verify.spatial import PART, PARTS, Band, from_parts
 from wxray.verify.sums import TimeSum
 
@@ -72,17 +72,6 @@ def _nans(a: xr.DataArray) -> int:
     return int(a.isnull().sum())
 
 
-def _series(f: Fields, metrics: list[Metric]) -> dict[str, xr.DataArray]:
-    out: dict[str, xr.DataArray] = {}
-    for m in metrics:
-        out.update(m.series(f))
-    return out
-
-
-def _values(series: dict[str, xr.DataArray]) -> dict[str, np.ndarray]:
-    return {k: np.asarray(v.transpose(INIT).values, dtype=np.float64) for k, v in series.items()}
-
-
 def score_block(task: BlockTask) -> BlockResult:
     """Score one block (the whole grid, or band by band): see the module docstring."""
     if task.rows >= task.truth.sizes[LAT]:
@@ -98,7 +87,7 @@ def _whole(task: BlockTask) -> BlockResult:
         forecast = _load(lazy)  # one model at a time: the larger one's members are the block's size
         nans += _nans(forecast)
         f = Fields(forecast, truth, clim, dims, task.region, task.skipna)
-        series.append(_values(_series(f, metrics)))
+        series.append(per_init(series_of(f, metrics)))
         if i == 0 and task.maps:
             sums, counts = lead_sums(f)
     return BlockResult(series, sums, counts, nans)
@@ -129,7 +118,7 @@ def _banded(task: BlockTask) -> BlockResult:
         for i, metrics in enumerate(whole):
             if metrics:
                 mean = xr.concat(acc.means[i], dim=LAT)
-                series[i].update(_values(_series(Fields(mean, truth, clim, (), task.region, task.skipna), metrics)))
+                series[i].update(per_init(series_of(Fields(mean, truth, clim, (), task.region, task.skipna), metrics)))
     return BlockResult(series, acc.sums, acc.counts, acc.nans)
 
 
@@ -141,7 +130,7 @@ def _score_band(task: BlockTask, rows: slice, band: Band, acc: _Bands) -> None:
         forecast = _load(lazy.isel({LAT: rows}))
         acc.nans += _nans(forecast)
         f = Fields(forecast, truth, clim, dims, band, task.skipna)
-        for k, v in _series(f, [m for m in metrics if m.banded]).items():
+        for k, v in series_of(f, [m for m in metrics if m.banded]).items():
             part = v.transpose(PART, INIT).values
             acc.parts[i][k] = acc.parts[i][k] + part if k in acc.parts[i] else part
         if not all(m.banded for m in metrics):
